@@ -1,0 +1,113 @@
+"""vLLM-Omni error handling: one owner, one record, one renderer per transport.
+
+Public surface (DESIGN §2–§5): upstream vLLM's semantic exceptions re-exported
+by identity, the Omni subtypes, ``OmniErrorDetails``, ``normalize`` /
+``to_exception``, the sanitizer and the status table. Attributes load lazily,
+as vLLM's own ``__init__`` does, so ``vllm_omni.errors.audit`` and
+``vllm_omni.errors.details`` can be used without importing vLLM or torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_TYPES = "vllm_omni.errors.types"
+_LAZY: dict[str, str] = {
+    **{
+        name: _TYPES
+        for name in (
+            "VLLMError",
+            "VLLMClientError",
+            "VLLMServerError",
+            "VLLMValidationError",
+            "VLLMNotFoundError",
+            "VLLMUnprocessableEntityError",
+            "GenerationError",
+            "GracefulHTTPError",
+            "EngineGenerateError",
+            "EngineDeadError",
+            "GuardrailViolationError",
+            "OmniConflictError",
+            "OmniNotImplementedError",
+            "OmniServiceUnavailableError",
+            "OmniStageTimeoutError",
+            "OmniEngineGenerateError",
+            "OmniEngineDeadError",
+            "OmniClientError",
+            "OmniServerError",
+        )
+    },
+    "OmniErrorDetails": "vllm_omni.errors.details",
+    "GENERIC_SERVER_MESSAGE": "vllm_omni.errors.details",
+    "normalize": "vllm_omni.errors.normalizer",
+    "to_exception": "vllm_omni.errors.normalizer",
+    "from_request_error": "vllm_omni.errors.normalizer",
+    "is_legacy_fallback": "vllm_omni.errors.normalizer",
+    "sanitize_message": "vllm_omni.errors.sanitize",
+    "sanitize_parameter": "vllm_omni.errors.sanitize",
+    "sanitize_request_id": "vllm_omni.errors.sanitize",
+    "STATUS_TABLE": "vllm_omni.errors.table",
+    "LEGACY_FALLBACKS": "vllm_omni.errors.table",
+    "client_error_metadata": "vllm_omni.errors.compat",
+    "client_error_from_metadata": "vllm_omni.errors.compat",
+    "is_client_error_status": "vllm_omni.errors.compat",
+    "raise_client_error_or": "vllm_omni.errors.compat",
+}
+
+if TYPE_CHECKING:
+    from vllm_omni.errors.compat import (
+        client_error_from_metadata,
+        client_error_metadata,
+        is_client_error_status,
+        raise_client_error_or,
+    )
+    from vllm_omni.errors.details import GENERIC_SERVER_MESSAGE, OmniErrorDetails
+    from vllm_omni.errors.normalizer import (
+        from_request_error,
+        is_legacy_fallback,
+        normalize,
+        to_exception,
+    )
+    from vllm_omni.errors.sanitize import (
+        sanitize_message,
+        sanitize_parameter,
+        sanitize_request_id,
+    )
+    from vllm_omni.errors.table import LEGACY_FALLBACKS, STATUS_TABLE
+    from vllm_omni.errors.types import (
+        EngineDeadError,
+        EngineGenerateError,
+        GenerationError,
+        GracefulHTTPError,
+        GuardrailViolationError,
+        OmniClientError,
+        OmniConflictError,
+        OmniEngineDeadError,
+        OmniEngineGenerateError,
+        OmniNotImplementedError,
+        OmniServerError,
+        OmniServiceUnavailableError,
+        OmniStageTimeoutError,
+        VLLMClientError,
+        VLLMError,
+        VLLMNotFoundError,
+        VLLMServerError,
+        VLLMUnprocessableEntityError,
+        VLLMValidationError,
+    )
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'vllm_omni.errors' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

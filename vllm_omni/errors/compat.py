@@ -1,0 +1,74 @@
+"""Deprecated 0.30 helpers that shipped beside ``OmniClientError``.
+
+They stay importable for one release and warn on every call. Each one guessed
+ownership from a status number; new code passes ``OmniErrorDetails`` and lets
+``to_exception`` decide by ``category``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import NoReturn
+
+from vllm_omni.errors.types import OmniClientError
+
+__all__ = [
+    "client_error_from_metadata",
+    "client_error_metadata",
+    "is_client_error_status",
+    "raise_client_error_or",
+]
+
+_REMOVAL = "It will be removed in the next release; use OmniErrorDetails instead."
+_CLIENT_STATUSES = range(400, 500)
+
+
+def _deprecated(name: str) -> None:
+    warnings.warn(
+        f"vllm_omni.errors.{name} is deprecated. {_REMOVAL}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+
+
+def client_error_metadata(exc: BaseException) -> tuple[int | None, str | None]:
+    """Deprecated: ``(status_code, error_type)`` of an ``OmniClientError``."""
+    _deprecated("client_error_metadata")
+    if isinstance(exc, OmniClientError):
+        return exc.status_code, exc.error_type
+    return None, None
+
+
+def client_error_from_metadata(
+    message: str, *, status_code: int | None, error_type: str | None
+) -> OmniClientError:
+    """Deprecated: build an ``OmniClientError`` from flat fields."""
+    _deprecated("client_error_from_metadata")
+    return OmniClientError(
+        message,
+        status_code=status_code or 400,
+        error_type=error_type or "BadRequestError",
+    )
+
+
+def is_client_error_status(status_code: int | None) -> bool:
+    """Deprecated: whether a status number is 4xx."""
+    _deprecated("is_client_error_status")
+    return status_code is not None and int(status_code) in _CLIENT_STATUSES
+
+
+def raise_client_error_or(
+    message: str,
+    *,
+    status_code: int | None,
+    error_type: str | None,
+    fallback: Callable[[str], BaseException],
+) -> NoReturn:
+    """Deprecated: raise a client error for a 4xx status, else ``fallback``."""
+    _deprecated("raise_client_error_or")
+    if status_code is not None and int(status_code) in _CLIENT_STATUSES:
+        raise OmniClientError(
+            message, status_code=status_code, error_type=error_type or "BadRequestError"
+        )
+    raise fallback(message)

@@ -1,0 +1,177 @@
+"""``OmniErrorDetails``: the one serializable error record (DESIGN §3).
+
+Owns the record, its invariants and its wire form. A record is what crosses
+stage and process boundaries and what every renderer reads; it holds only
+public, sanitized text and bounded identifiers, never exception objects,
+tracebacks, media or rejected values. This module does not look at
+exceptions (that is ``normalize``) and does not build envelopes (that is
+``render``). It imports nothing heavy, so stage processes and the audit can
+use it cheaply.
+
+An invariant violation is a bug in the code that built the record, so it
+raises ``RuntimeError`` (a server error), never a ``ValueError`` that a legacy
+fallback could turn into a 400.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from vllm_omni.errors.sanitize import (
+    sanitize_message,
+    sanitize_parameter,
+    sanitize_request_id,
+)
+
+__all__ = ["LEGACY_WIRE_FIELDS", "WIRE_FIELDS", "OmniErrorDetails"]
+
+GENERIC_SERVER_MESSAGE = "The server had an error while processing your request."
+_RANGES = {"client": range(400, 500), "server": range(500, 600)}
+_DEFAULT_TYPES = {"client": "BadRequestError", "server": "InternalServerError"}
+_ERROR_TYPE_RE = re.compile(r"[A-Za-z][A-Za-z0-9 _.-]{0,63}")
+
+# The complete field set, and the flat fields that 0.30-era receivers read.
+WIRE_FIELDS = (
+    "message",
+    "category",
+    "status_code",
+    "error_type",
+    "parameter",
+    "request_id",
+    "stage_id",
+    "fatal",
+)
+LEGACY_WIRE_FIELDS = ("error", "status_code", "error_type", "fatal", "request_id", "stage_id")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, slots=True)
+class OmniErrorDetails:
+    """A sanitized, owner-tagged error record that survives any boundary."""
+
+    message: str
+    category: Literal["client", "server"]
+    status_code: int
+    error_type: str
+    parameter: str | None = None
+    request_id: str | None = None
+    stage_id: int | None = None
+    fatal: bool = False
+
+    def __post_init__(self) -> None:
+        problem = self._violation()
+        if problem is not None:
+            raise RuntimeError(f"invalid OmniErrorDetails: {problem}")
+
+    def _violation(self) -> str | None:
+        status_range = _RANGES.get(self.category)  # type: ignore[arg-type]
+        if status_range is None:
+            return f"category must be 'client' or 'server', got {self.category!r}"
+        if not _is_int(self.status_code) or self.status_code not in status_range:
+            return f"a {self.category} error needs a status in {status_range}"
+        if not isinstance(self.fatal, bool) or (self.fatal and self.category != "server"):
+            return "fatal must be a bool and only a server error can be fatal"
+        if not isinstance(self.error_type, str) or not _ERROR_TYPE_RE.fullmatch(
+            self.error_type
+        ):
+            return "error_type must be a short identifier"
+        if not isinstance(self.message, str) or sanitize_message(self.message) != (
+            self.message
+        ):
+            return "message must be sanitized text"
+        if self.parameter is not None and sanitize_parameter(self.parameter) is None:
+            return "parameter must be a plain field path"
+        if self.request_id is not None and sanitize_request_id(self.request_id) is None:
+            return "request_id must be a short token"
+        if self.stage_id is not None and not (_is_int(self.stage_id) and self.stage_id >= 0):
+            return "stage_id must be a non-negative int"
+        return None
+
+    @property
+    def is_client(self) -> bool:
+        return self.category == "client"
+
+    # -- wire form -------------------------------------------------------------
+
+    def to_wire(self, *, legacy: bool = False) -> dict[str, Any]:
+        """A plain dict: the complete field set plus the legacy flat fields.
+
+        ``legacy=True`` gives only the legacy fields, for a strict 0.30-era
+        receiver that rejects fields it does not know.
+        """
+        legacy_fields = {
+            "error": self.message,
+            "status_code": self.status_code,
+            "error_type": self.error_type,
+            "fatal": self.fatal,
+            "request_id": self.request_id,
+            "stage_id": self.stage_id,
+        }
+        if legacy:
+            return legacy_fields
+        return {
+            "message": self.message,
+            "category": self.category,
+            "parameter": self.parameter,
+            **legacy_fields,
+        }
+
+    @classmethod
+    def from_wire(cls, data: object) -> OmniErrorDetails:
+        """Read a record tolerantly; never raises.
+
+        Unknown keys are ignored. A legacy record without ``category`` is read
+        by its status: the one documented place where a status range decides
+        ownership, because a 0.30 sender did not say. Anything malformed
+        becomes a safe server-500 record that keeps the ids it could read.
+        """
+        if not isinstance(data, dict):
+            return cls(GENERIC_SERVER_MESSAGE, "server", 500, "InternalServerError")
+        request_id = sanitize_request_id(data.get("request_id"))
+        stage_id = data.get("stage_id")
+        if not (_is_int(stage_id) and stage_id >= 0):
+            stage_id = None
+        try:
+            return _read_wire(data, request_id, stage_id)
+        except Exception:
+            return cls(
+                GENERIC_SERVER_MESSAGE,
+                "server",
+                500,
+                "InternalServerError",
+                request_id=request_id,
+                stage_id=stage_id,
+            )
+
+
+def _read_wire(
+    data: dict[Any, Any], request_id: str | None, stage_id: int | None
+) -> OmniErrorDetails:
+    status = data.get("status_code")
+    if not _is_int(status):
+        raise RuntimeError("status_code missing")
+    category = data.get("category")
+    if category is None:
+        category = next(name for name, span in _RANGES.items() if status in span)
+    message = data.get("message", data.get("error"))
+    if not isinstance(message, str):
+        raise RuntimeError("message missing")
+    error_type = data.get("error_type")
+    if not (isinstance(error_type, str) and _ERROR_TYPE_RE.fullmatch(error_type)):
+        error_type = _DEFAULT_TYPES[category]
+    fatal = data.get("fatal", False)
+    return OmniErrorDetails(
+        message=sanitize_message(message),
+        category=category,
+        status_code=status,
+        error_type=error_type,
+        parameter=sanitize_parameter(data.get("parameter")),
+        request_id=request_id,
+        stage_id=stage_id,
+        fatal=fatal,  # type: ignore[arg-type]
+    )

@@ -1,0 +1,207 @@
+"""The one normalizer (module ``normalizer``, so the package attribute
+``normalize`` stays the function): any exception → ``OmniErrorDetails``, and back.
+
+``normalize`` is the only place that looks at an exception to decide owner,
+status, public type, parameter and public text; everything downstream reads
+the record. It reads the status table, sanitizes once, and never raises.
+``to_exception`` rebuilds an exception from a record by ``category`` (never by
+status range), for the offline API and for errors that crossed a process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+from vllm_omni.errors.details import GENERIC_SERVER_MESSAGE, OmniErrorDetails
+from vllm_omni.errors.sanitize import (
+    sanitize_message,
+    sanitize_parameter,
+    sanitize_request_id,
+)
+from vllm_omni.errors.table import (
+    DEFAULT_STATUS,
+    DEFAULT_TYPE,
+    STATUS_RANGES,
+    StatusRow,
+    phrase_type,
+    row_for,
+)
+from vllm_omni.errors.types import (
+    OmniClientError,
+    OmniEngineDeadError,
+    OmniEngineGenerateError,
+    OmniServerError,
+    VLLMError,
+    VLLMUnprocessableEntityError,
+    VLLMValidationError,
+)
+
+__all__ = ["Mode", "from_request_error", "normalize", "to_exception"]
+
+Mode = Literal["strict", "legacy"]
+
+# Upstream's __str__ on these appends ``value=…`` (the rejected value), which
+# must never reach a client: their message is read from the first argument.
+_VALUE_CARRIERS = (VLLMValidationError, VLLMUnprocessableEntityError)
+
+
+def _attr(exc: BaseException, name: str | None) -> Any:
+    if name is None:
+        return None
+    try:
+        return getattr(exc, name, None)
+    except Exception:
+        return None
+
+
+def _own_text(exc: BaseException) -> str:
+    message = _attr(exc, "message")
+    if isinstance(message, str):
+        return message
+    args = _attr(exc, "args") or ()
+    if isinstance(args, tuple) and args and isinstance(args[0], str):
+        return args[0]
+    if isinstance(exc, _VALUE_CARRIERS):
+        return ""
+    try:
+        return str(exc)
+    except Exception:
+        return ""
+
+
+def _stage_of(exc: BaseException, fallback: int | None) -> int | None:
+    for candidate in (_attr(exc, "stage_id"), fallback):
+        if isinstance(candidate, int) and not isinstance(candidate, bool) and candidate >= 0:
+            return candidate
+    return None
+
+
+def _from_row(
+    exc: BaseException,
+    row: StatusRow,
+    request_id: str | None,
+    stage_id: int | None,
+) -> OmniErrorDetails:
+    status = row.status_code
+    declared = _attr(exc, row.status_attr)
+    if isinstance(declared, int) and not isinstance(declared, bool):
+        status = int(declared)
+    category = row.category or (
+        "client" if status in STATUS_RANGES["client"] else "server"
+    )
+    if status not in STATUS_RANGES[category]:
+        status = DEFAULT_STATUS[category]
+
+    error_type = row.error_type
+    if row.type_from_phrase:
+        error_type = phrase_type(status)
+    declared_type = _attr(exc, row.type_attr)
+    if isinstance(declared_type, str) and declared_type:
+        error_type = declared_type
+
+    if row.message == "generic":
+        message = GENERIC_SERVER_MESSAGE
+    elif row.message == "fixed":
+        fixed = _attr(exc, "CLIENT_MESSAGE")
+        message = fixed if isinstance(fixed, str) else GENERIC_SERVER_MESSAGE
+    else:
+        message = sanitize_message(_own_text(exc)) or phrase_type(status)
+
+    record = dict(
+        message=message,
+        category=category,
+        status_code=status,
+        error_type=error_type,
+        parameter=sanitize_parameter(_attr(exc, row.parameter_attr)),
+        request_id=request_id,
+        stage_id=_stage_of(exc, stage_id),
+        fatal=row.fatal,
+    )
+    try:
+        return OmniErrorDetails(**record)  # type: ignore[arg-type]
+    except RuntimeError:
+        # Only a class-declared error_type can fail here (a free-form string on
+        # a compat type): keep everything else and use the default type.
+        record["error_type"] = DEFAULT_TYPE[category]
+        return OmniErrorDetails(**record)  # type: ignore[arg-type]
+
+
+def normalize(
+    exc: BaseException,
+    *,
+    request_id: str | None = None,
+    stage_id: int | None = None,
+    mode: Mode = "strict",
+) -> OmniErrorDetails:
+    """Classify ``exc`` into a sanitized record. Never raises.
+
+    An exception's own ``.details`` record is used verbatim (only a missing
+    request or stage id is filled in). ``mode="legacy"`` enables the raw
+    ``ValueError``/``TypeError``/``OverflowError`` → 400 and
+    ``NotImplementedError`` → 501 fallbacks; in ``strict`` mode they are
+    unknown server errors.
+    """
+    request_id = sanitize_request_id(request_id)
+    try:
+        own = _attr(exc, "details")
+        if isinstance(own, OmniErrorDetails):
+            fill: dict[str, Any] = {}
+            if own.request_id is None and request_id is not None:
+                fill["request_id"] = request_id
+            stage = _stage_of(exc, stage_id)
+            if own.stage_id is None and stage is not None:
+                fill["stage_id"] = stage
+            return dataclasses.replace(own, **fill) if fill else own
+        row = row_for(type(exc), mode == "legacy")
+        return _from_row(exc, row, request_id, stage_id)
+    except Exception:
+        return OmniErrorDetails(
+            GENERIC_SERVER_MESSAGE,
+            "server",
+            500,
+            "InternalServerError",
+            request_id=request_id,
+            stage_id=stage_id if isinstance(stage_id, int) and stage_id >= 0 else None,
+        )
+
+
+def is_legacy_fallback(exc: BaseException) -> bool:
+    """True when ``exc`` is rendered by a raw-exception fallback row in legacy mode."""
+    if isinstance(exc, VLLMError):
+        return False
+    return row_for(type(exc), True).legacy_fallback
+
+
+def to_exception(details: OmniErrorDetails) -> VLLMError:
+    """Rebuild an exception from a record, by ``category`` (DESIGN §3)."""
+    if details.category == "client":
+        return OmniClientError(
+            details.message,
+            status_code=details.status_code,
+            error_type=details.error_type,
+            details=details,
+        )
+    if details.fatal:
+        return OmniEngineDeadError(stage_id=details.stage_id, details=details)
+    if details.stage_id is not None and details.error_type == "InternalServerError":
+        return OmniEngineGenerateError(
+            details.message, stage_id=details.stage_id, details=details
+        )
+    return OmniServerError(
+        details.message,
+        status_code=details.status_code,
+        error_type=details.error_type,
+        details=details,
+    )
+
+
+def from_request_error(
+    error: Any, *, request_id: str | None = None, stage_id: int | None = None
+) -> OmniErrorDetails:
+    """Record for upstream ``vllm.outputs.RequestError`` (a per-request failure)."""
+    try:
+        exc = error.to_exception()
+    except Exception:
+        return normalize(RuntimeError("malformed RequestError"), request_id=request_id)
+    return normalize(exc, request_id=request_id, stage_id=stage_id)

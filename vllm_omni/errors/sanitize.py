@@ -1,0 +1,144 @@
+"""Public-text sanitization (DESIGN §5): what may leave the server in an error.
+
+Owns one job: turn arbitrary exception text into text safe to show a client.
+It strips tracebacks and ``File "…", line N`` frames, replaces filesystem
+paths, memory addresses, credentials, data URIs and long base64 runs, drops
+control characters and caps the length. The normalizer calls it once; nothing
+else should need to. It must never raise and must be idempotent
+(``sanitize(sanitize(x)) == sanitize(x)``), because records are re-checked
+when they are read back from the wire.
+
+All patterns live in one table and run as a single alternation, so a message
+is scanned once however many rules there are.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+__all__ = [
+    "MAX_MESSAGE_CHARS",
+    "sanitize_message",
+    "sanitize_parameter",
+    "sanitize_request_id",
+]
+
+MAX_MESSAGE_CHARS = 1024
+# Longer input is cut before scanning: it bounds the work on hostile input,
+# and nothing past this point could survive the final cap anyway.
+_SCAN_LIMIT = 8 * MAX_MESSAGE_CHARS
+
+_PARAMETER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\[\]-]{0,127}")
+_REQUEST_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+
+_SECRET_NAMES = (
+    r"api[_-]?key|access[_-]?key|secret[_-]?key|private[_-]?key|key"
+    r"|access[_-]?token|auth[_-]?token|refresh[_-]?token|token"
+    r"|password|passwd|pwd|secret|credentials?"
+)
+
+# (name, pattern, replacement). The replacement is a string or, for rules that
+# keep part of the match, a function of the match. Order matters where two
+# rules could start at the same position: the first listed wins.
+_RULES: tuple[tuple[str, str, str | Callable[[re.Match[str]], str]], ...] = (
+    ("traceback", r"Traceback \(most recent call last\):(?:\n[ \t]+[^\n]*)*", ""),
+    (
+        "frame",
+        r"[ \t]*File \"[^\"\n]*\", line \d+(?:, in [^\n]*)?(?:\n[ \t]+[^\n]*)?",
+        "",
+    ),
+    (
+        "private_key",
+        r"(?s:-----BEGIN [A-Z ]*PRIVATE KEY-----.*?"
+        r"(?:-----END [A-Z ]*PRIVATE KEY-----|\Z))",
+        "<redacted>",
+    ),
+    (
+        "data_uri",
+        r"\bdata:(?:[\w.+-]+/[\w.+-]+)?(?:;[\w.+-]+(?:=[\w.+-]+)?)*,[^\s\"'<>)\]]*",
+        "<data>",
+    ),
+    ("file_uri", r"\bfile://[^\s\"'<>]*", "<path>"),
+    ("url_userinfo", r"(?<=://)[^/\s:@]+:[^/\s@]*@", "<redacted>@"),
+    (
+        "auth_scheme",
+        r"\b(?:[Bb]earer|[Bb]asic)[ \t]+[A-Za-z0-9._~+/=-]+",
+        lambda m: m.group(0).split(None, 1)[0] + " <redacted>",
+    ),
+    ("openai_key", r"\bsk-[A-Za-z0-9_-]{3,}", "<redacted>"),
+    ("hf_token", r"\bhf_[A-Za-z0-9]{6,}", "<redacted>"),
+    ("aws_key", r"\b(?:AKIA|ASIA)[0-9A-Z]{12,}", "<redacted>"),
+    (
+        "assignment",
+        rf"(?i:(?<![A-Za-z0-9])(?:{_SECRET_NAMES}))[ \t]*=[ \t]*"
+        r"(?:\"[^\"\n]*\"?|'[^'\n]*'?|[^\s,;&)\]}]+)",
+        lambda m: m.group(0).split("=", 1)[0].rstrip() + "=<redacted>",
+    ),
+    ("address_suffix", r" at 0x[0-9a-fA-F]+", ""),
+    ("address", r"\b0x[0-9a-fA-F]{8,}\b", "<address>"),
+    ("base64_run", r"[A-Za-z0-9+/]{64,}={0,2}", "<data>"),
+    ("windows_path", r"\b[A-Za-z]:\\[^\s\"'<>|]*", "<path>"),
+    (
+        "posix_path",
+        r"(?<![\w:/.~<-])(?:~|\.{1,2})?/[\w.@+-]+(?:/[\w.@+-]*)+"
+        r"|(?<![\w:/.~<-])(?:~|\.{1,2})/[\w.@+-]+"
+        r"|(?<![\w:/.~<-])/[\w@+-]+\.\w+",
+        "<path>",
+    ),
+    (
+        "control",
+        r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069]",
+        "",
+    ),
+)
+
+_COMBINED = re.compile(
+    "|".join(f"(?P<{name}>{pattern})" for name, pattern, _ in _RULES)
+)
+_REPLACEMENTS = {name: replacement for name, _, replacement in _RULES}
+
+
+def _replace(match: re.Match[str]) -> str:
+    replacement = _REPLACEMENTS[match.lastgroup or ""]
+    return replacement if isinstance(replacement, str) else replacement(match)
+
+
+def _one_pass(text: str) -> str:
+    text = _COMBINED.sub(_replace, text).strip()
+    if len(text) > MAX_MESSAGE_CHARS:
+        text = text[: MAX_MESSAGE_CHARS - 1].rstrip() + "…"
+    return text
+
+
+def sanitize_message(text: object) -> str:
+    """Return ``text`` safe for a client: no traces, paths, secrets or media."""
+    if not isinstance(text, str):
+        try:
+            text = str(text)
+        except Exception:
+            return ""
+    text = text[:_SCAN_LIMIT]
+    # A replacement or the length cap can expose a new match (a cut token now
+    # ending at a word boundary); iterate to the fixed point so the result is
+    # stable when a record is sanitized again after a wire round trip.
+    for _ in range(4):
+        cleaned = _one_pass(text)
+        if cleaned == text:
+            return cleaned
+        text = cleaned
+    return text
+
+
+def sanitize_parameter(parameter: object) -> str | None:
+    """Return ``parameter`` if it is a plain field path, else ``None`` (§5)."""
+    if isinstance(parameter, str) and _PARAMETER_RE.fullmatch(parameter):
+        return parameter
+    return None
+
+
+def sanitize_request_id(request_id: object) -> str | None:
+    """Return ``request_id`` if it is a safe, bounded token, else ``None``."""
+    if isinstance(request_id, str) and _REQUEST_ID_RE.fullmatch(request_id):
+        return request_id
+    return None
