@@ -333,11 +333,15 @@ class _Scanner:
             for converted in _exits(handler.body):
                 client = self._client_error(converted)
                 if client is not None:
-                    caught = "bare except" if handler.type is None else ", ".join(broad)
+                    clause = (
+                        "bare except"
+                        if handler.type is None
+                        else f"except {', '.join(broad)}"
+                    )
                     self._add(
                         rules.BROAD_EXCEPT,
                         handler,
-                        f"except {caught} becomes {client}: internal failures "
+                        f"{clause} becomes {client}: internal failures "
                         "in the try block are reported as client errors",
                         "catch VLLMClientError; raise VLLMValidationError at the check",
                     )
@@ -462,7 +466,7 @@ class _Scanner:
     def _status_guess(self, node: ast.expr) -> None:
         shown = ast.unparse(node)
         if len(shown) > _MESSAGE_EXCERPT:
-            shown = shown[: _MESSAGE_EXCERPT - 1] + "…"
+            shown = shown[: _MESSAGE_EXCERPT - 3] + "..."
         self._add(
             rules.STATUS_RANGE,
             node,
@@ -670,7 +674,7 @@ def _is_error_body(node: ast.expr | None) -> bool:
 
 
 def _message_literal(node: ast.expr) -> str:
-    """The literal text of a raise's first argument; f-string holes as {…}."""
+    """The literal text of a raise's first argument; f-string holes as {...}."""
     if not isinstance(node, ast.Call) or not node.args:
         return ""
     first = node.args[0]
@@ -678,7 +682,7 @@ def _message_literal(node: ast.expr) -> str:
         text = first.value
     elif isinstance(first, ast.JoinedStr):
         text = "".join(
-            part.value if isinstance(part, ast.Constant) else "{…}"
+            part.value if isinstance(part, ast.Constant) else "{...}"
             for part in first.values
         )
     else:
@@ -717,21 +721,25 @@ def _parse_error(data: bytes, exc: BaseException) -> Finding:
 def _decode_error(data: bytes) -> Finding | None:
     """An OMNI000 finding when ``data`` does not decode, else None."""
     rule = rules.RULES_BY_ID[rules.PARSE_ERROR]
+    problem = None
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
     except SyntaxError as exc:
-        return Finding(
-            rule.id, exc.lineno or 1, 1, f"undecodable: {exc.msg}", rule.help
-        )
+        # An unknown or unusable declaration, or bad bytes in the first two
+        # lines: locate bad bytes as UTF-8, else report the declaration.
+        encoding, problem = "utf-8", exc.msg
     try:
         data.decode(encoding)
     except UnicodeDecodeError as exc:
         line_start = data.rfind(b"\n", 0, exc.start) + 1
+        prefix = data[line_start : exc.start].decode(encoding, errors="replace")
         return Finding(
             rule.id,
             data.count(b"\n", 0, exc.start) + 1,
-            exc.start - line_start + 1,
+            len(prefix.encode("utf-16-le")) // 2 + 1,
             f"undecodable as {encoding}: byte 0x{data[exc.start]:02x} ({exc.reason})",
             rule.help,
         )
+    if problem is not None:
+        return Finding(rule.id, 1, 1, f"undecodable: {problem}", rule.help)
     return None

@@ -1,0 +1,1 @@
+"""Tests of ``vllm-omni errors audit`` (DESIGN §8)."""

@@ -1,0 +1,2 @@
+def broken(:  # expect: OMNI000
+    raise ValueError("never parsed, never counted")
