@@ -1,0 +1,259 @@
+"""Pipeline configuration: the YAML that says which stages a pipeline runs.
+
+Owns the schema and its validation: ``load_pipeline`` turns the built-in name
+``reference`` or a YAML file path into a frozen ``PipelineConfig``, and
+rejects a bad file with a ``VLLMValidationError`` whose ``parameter`` is the
+offending key path (``stages[1].kind``). It must not start processes, import
+stage implementations or touch the network: the orchestrator and the stage
+workers read the result.
+
+Schema::
+
+    model: omni-reference
+    stages:                       # at least one; ids unique, >= 0
+      - {id: 0, name: thinker, kind: text, timeout_s: 30}
+      - {id: 1, name: talker, kind: talker, remote: false, legacy_wire: false}
+      - {id: 2, name: gpu, kind: vllm, options: {engine_args: {model: ...}}}
+    guardrail:
+      blocklist: [forbidden-topic]
+    faults:                       # drills and tests only
+      - {stage: 1, marker: "@boom", action: raise}            # RuntimeError
+      - {stage: 1, marker: "@404", action: raise,
+         exception: "vllm.exceptions:VLLMNotFoundError", args: ["gone"]}
+      - {stage: talker, marker: "@exit", action: exit}        # os._exit(1)
+      - {stage: 1, marker: "@hang", action: hang}             # past the deadline
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import yaml
+
+from vllm_omni.errors import VLLMValidationError
+
+__all__ = [
+    "BUILTIN_PIPELINES",
+    "FaultConfig",
+    "PipelineConfig",
+    "StageConfig",
+    "StageKind",
+    "load_pipeline",
+]
+
+StageKind = Literal["text", "talker", "vocoder", "image", "video", "guardrail", "vllm"]
+FaultAction = Literal["raise", "exit", "hang"]
+BUILTIN_PIPELINES = ("reference",)
+
+_STAGE_KEYS = {"id", "name", "kind", "timeout_s", "remote", "legacy_wire", "options"}
+_FAULT_KEYS = {"stage", "marker", "action", "exception", "args", "kwargs"}
+_TOP_KEYS = {"model", "stages", "guardrail", "faults"}
+
+
+@dataclass(frozen=True, slots=True)
+class StageConfig:
+    """One stage: what it runs and how long a request may take in it."""
+
+    id: int
+    name: str
+    kind: StageKind
+    timeout_s: float | None = None
+    # Started by an operator on another host; the orchestrator only waits for it.
+    remote: bool = False
+    # Send errors with only the 0.30 flat fields (for a strict old orchestrator).
+    legacy_wire: bool = False
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class FaultConfig:
+    """A drill: when a prompt contains ``marker``, stage ``stage`` misbehaves."""
+
+    stage: int
+    marker: str
+    action: FaultAction
+    # For ``raise``: "module:QualName" of the exception class and its arguments.
+    exception: str | None = None
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineConfig:
+    """A validated pipeline: the model name, its stages, guardrail and faults."""
+
+    model: str
+    stages: tuple[StageConfig, ...]
+    guardrail_blocklist: tuple[str, ...] = ()
+    faults: tuple[FaultConfig, ...] = ()
+    source: str = "<memory>"
+
+    def stage(self, stage_id: int) -> StageConfig:
+        for stage in self.stages:
+            if stage.id == stage_id:
+                return stage
+        raise RuntimeError(f"pipeline has no stage {stage_id}")
+
+    def faults_for(self, stage_id: int) -> tuple[FaultConfig, ...]:
+        return tuple(f for f in self.faults if f.stage == stage_id)
+
+
+def _bad(message: str, parameter: str) -> VLLMValidationError:
+    return VLLMValidationError(
+        f"invalid pipeline config: {message}", parameter=parameter
+    )
+
+
+def _check_keys(data: Mapping[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(str(k) for k in data if k not in allowed)
+    if unknown:
+        path = f"{where}.{unknown[0]}" if where else unknown[0]
+        raise _bad(f"unknown key {unknown[0]!r} (allowed: {sorted(allowed)})", path)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _stage(raw: object, index: int) -> StageConfig:
+    where = f"stages[{index}]"
+    if not isinstance(raw, Mapping):
+        raise _bad("each stage must be a mapping", where)
+    _check_keys(raw, _STAGE_KEYS, where)
+    stage_id = raw.get("id", index)
+    if not _is_int(stage_id) or stage_id < 0:
+        raise _bad("stage id must be a non-negative integer", f"{where}.id")
+    kind = raw.get("kind")
+    if kind not in get_args(StageKind):
+        raise _bad(f"stage kind must be one of {get_args(StageKind)}", f"{where}.kind")
+    name = raw.get("name", kind)
+    if not isinstance(name, str) or not name:
+        raise _bad("stage name must be a non-empty string", f"{where}.name")
+    timeout = raw.get("timeout_s")
+    if timeout is not None and (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or timeout <= 0
+    ):
+        raise _bad("timeout_s must be a positive number", f"{where}.timeout_s")
+    for flag in ("remote", "legacy_wire"):
+        if not isinstance(raw.get(flag, False), bool):
+            raise _bad(f"{flag} must be true or false", f"{where}.{flag}")
+    options = raw.get("options", {})
+    if not isinstance(options, Mapping):
+        raise _bad("options must be a mapping", f"{where}.options")
+    return StageConfig(
+        id=stage_id,
+        name=name,
+        kind=kind,
+        timeout_s=None if timeout is None else float(timeout),
+        remote=raw.get("remote", False),
+        legacy_wire=raw.get("legacy_wire", False),
+        options=dict(options),
+    )
+
+
+def _fault(raw: object, index: int, stages: tuple[StageConfig, ...]) -> FaultConfig:
+    where = f"faults[{index}]"
+    if not isinstance(raw, Mapping):
+        raise _bad("each fault must be a mapping", where)
+    _check_keys(raw, _FAULT_KEYS, where)
+    ref = raw.get("stage")
+    matches = [
+        s.id for s in stages if ref in (s.id, s.name) and not isinstance(ref, bool)
+    ]
+    if not matches:
+        raise _bad("fault stage must name a stage id or name", f"{where}.stage")
+    marker = raw.get("marker")
+    if not isinstance(marker, str) or not marker:
+        raise _bad("fault marker must be a non-empty string", f"{where}.marker")
+    action = raw.get("action")
+    if action not in get_args(FaultAction):
+        raise _bad(
+            f"fault action must be one of {get_args(FaultAction)}", f"{where}.action"
+        )
+    exception = raw.get("exception")
+    if exception is not None and (action != "raise" or not isinstance(exception, str)):
+        raise _bad(
+            "exception is a 'module:Name' string for raise", f"{where}.exception"
+        )
+    args = raw.get("args", [])
+    kwargs = raw.get("kwargs", {})
+    if not isinstance(args, list) or not isinstance(kwargs, Mapping):
+        raise _bad("args must be a list and kwargs a mapping", f"{where}.args")
+    return FaultConfig(
+        stage=matches[0],
+        marker=marker,
+        action=action,
+        exception=exception,
+        args=tuple(args),
+        kwargs=dict(kwargs),
+    )
+
+
+def pipeline_from_mapping(data: object, *, source: str = "<memory>") -> PipelineConfig:
+    """Validate an already parsed pipeline document."""
+    if not isinstance(data, Mapping):
+        raise _bad("the document must be a mapping", "pipeline")
+    _check_keys(data, _TOP_KEYS, "")
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise _bad("model must be a non-empty string", "model")
+    raw_stages = data.get("stages")
+    if not isinstance(raw_stages, list) or not raw_stages:
+        raise _bad("stages must be a non-empty list", "stages")
+    stages = tuple(_stage(raw, i) for i, raw in enumerate(raw_stages))
+    ids = [s.id for s in stages]
+    if len(set(ids)) != len(ids):
+        raise _bad("stage ids must be unique", "stages")
+    guardrail = data.get("guardrail") or {}
+    if not isinstance(guardrail, Mapping):
+        raise _bad("guardrail must be a mapping", "guardrail")
+    _check_keys(guardrail, {"blocklist"}, "guardrail")
+    blocklist = guardrail.get("blocklist", [])
+    if not isinstance(blocklist, list) or not all(
+        isinstance(term, str) and term for term in blocklist
+    ):
+        raise _bad(
+            "blocklist must be a list of non-empty strings", "guardrail.blocklist"
+        )
+    raw_faults = data.get("faults") or []
+    if not isinstance(raw_faults, list):
+        raise _bad("faults must be a list", "faults")
+    faults = tuple(_fault(raw, i, stages) for i, raw in enumerate(raw_faults))
+    return PipelineConfig(
+        model=model,
+        stages=stages,
+        guardrail_blocklist=tuple(blocklist),
+        faults=faults,
+        source=source,
+    )
+
+
+def load_pipeline(spec: str | os.PathLike[str] | PipelineConfig) -> PipelineConfig:
+    """``reference`` (built in), a YAML file path, or an already loaded config."""
+    if isinstance(spec, PipelineConfig):
+        return spec
+    if isinstance(spec, str) and spec in BUILTIN_PIPELINES:
+        text = (resources.files("vllm_omni.pipelines") / f"{spec}.yaml").read_text()
+        source = f"builtin:{spec}"
+    else:
+        path = Path(spec)
+        if not path.is_file():
+            raise _bad(
+                f"no built-in pipeline of that name ({', '.join(BUILTIN_PIPELINES)}) "
+                "and no such file",
+                "pipeline",
+            )
+        text = path.read_text()
+        source = str(path)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise _bad(f"not valid YAML ({type(exc).__name__})", "pipeline") from exc
+    return pipeline_from_mapping(data, source=source)

@@ -1,0 +1,207 @@
+"""Stage wire messages: msgspec Structs tagged by a literal ``type`` field.
+
+Owns the shape of everything that crosses the orchestrator ↔ stage socket
+(DESIGN §6): submissions, outputs, aborts, errors, readiness, heartbeats and
+utility calls, plus ``encode``/``decode``. Readers are tolerant: unknown
+fields are ignored (``forbid_unknown_fields`` stays off), and a message of an
+unknown ``type`` or with malformed fields decodes to ``None`` (or, for an
+``error``, to a safe server-500 record) rather than raising, so a newer peer
+cannot crash an older one.
+
+An ``ErrorMessage`` carries the complete ``OmniErrorDetails`` field set flat,
+plus the 0.30 flat field ``error`` (a duplicate of ``message``). Its field
+logic lives in ``OmniErrorDetails.to_wire`` / ``from_wire``; this module only
+maps those dicts onto Structs. ``encode(msg, legacy_wire=True)`` sends an
+error with the legacy fields only, for a strict 0.30-era receiver.
+
+Media (audio, images, video) travels as msgspec ``bytes`` in ``Payload``,
+never in errors. This module must not import vLLM or torch, and must not
+look at exceptions: errors arrive here already normalized.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from vllm_omni.errors.details import OmniErrorDetails
+
+__all__ = [
+    "Abort",
+    "ErrorMessage",
+    "Heartbeat",
+    "LegacyErrorMessage",
+    "Message",
+    "Output",
+    "Payload",
+    "Ready",
+    "Shutdown",
+    "Submit",
+    "UtilityRequest",
+    "UtilityResponse",
+    "decode",
+    "encode",
+]
+
+
+class Payload(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What a stage produced (an output chunk) or consumes (its upstream result).
+
+    ``text`` is a delta in a streamed chunk and the full text as an input.
+    """
+
+    text: str = ""
+    tokens: list[int] = []
+    audio: bytes | None = None
+    images: list[bytes] = []
+    video: bytes | None = None
+    meta: dict[str, Any] = {}
+
+
+class _Base(msgspec.Struct, tag_field="type", kw_only=True):
+    """Common base: every message is tagged by ``type``."""
+
+
+class Ready(_Base, tag="ready"):
+    """Stage → orchestrator, once: the stage is built and accepts work."""
+
+    stage_id: int
+    pid: int
+    kind: str
+    version: str = ""
+
+
+class Heartbeat(_Base, tag="heartbeat"):
+    """Either direction, periodically: liveness for stages on other hosts."""
+
+    stage_id: int | None = None
+
+
+class Submit(_Base, tag="submit"):
+    """Orchestrator → stage: run one request through this stage."""
+
+    request_id: str
+    prompt: str
+    params: dict[str, Any] = {}
+    inputs: Payload | None = None
+
+
+class Output(_Base, tag="output"):
+    """Stage → orchestrator: one chunk of a result; the last is ``finished``."""
+
+    request_id: str
+    stage_id: int
+    payload: Payload = msgspec.field(default_factory=Payload)
+    finished: bool = False
+
+
+class Abort(_Base, tag="abort"):
+    """Orchestrator → stage: stop working on a request (cancel, deadline, failure)."""
+
+    request_id: str
+
+
+class ErrorMessage(_Base, tag="error"):
+    """Stage → orchestrator: a request (or the stage, when ``fatal``) failed.
+
+    The §3 field set flat, plus ``error``: the 0.30 name of ``message``.
+    ``message``/``category``/``parameter`` are ``None`` when a legacy sender
+    omitted them; ``to_details`` then reads the record by its status.
+    """
+
+    error: str = ""
+    status_code: int = 500
+    error_type: str = "InternalServerError"
+    fatal: bool = False
+    request_id: str | None = None
+    stage_id: int | None = None
+    message: str | None = None
+    category: str | None = None
+    parameter: str | None = None
+
+    @classmethod
+    def from_details(cls, details: OmniErrorDetails) -> ErrorMessage:
+        return cls(**details.to_wire())
+
+    def to_details(self) -> OmniErrorDetails:
+        fields = msgspec.structs.asdict(self)
+        return OmniErrorDetails.from_wire(
+            {key: value for key, value in fields.items() if value is not None}
+        )
+
+
+class LegacyErrorMessage(_Base, tag="error"):
+    """The 0.30 error message: the legacy flat fields only (``legacy_wire``)."""
+
+    error: str
+    status_code: int
+    error_type: str
+    fatal: bool = False
+    request_id: str | None = None
+    stage_id: int | None = None
+
+
+class UtilityRequest(_Base, tag="utility"):
+    """Orchestrator → stage: call a named utility (``stats``)."""
+
+    call_id: int
+    method: str
+
+
+class UtilityResponse(_Base, tag="utility_result"):
+    """Stage → orchestrator: the result of a ``UtilityRequest``."""
+
+    call_id: int
+    stage_id: int
+    result: Any = None
+
+
+class Shutdown(_Base, tag="shutdown"):
+    """Orchestrator → stage: finish up and exit."""
+
+
+Message = (
+    Ready
+    | Heartbeat
+    | Submit
+    | Output
+    | Abort
+    | ErrorMessage
+    | UtilityRequest
+    | UtilityResponse
+    | Shutdown
+)
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+_raw_decoder = msgspec.msgpack.Decoder()
+
+
+def encode(message: Message, *, legacy_wire: bool = False) -> bytes:
+    """Serialize ``message``; with ``legacy_wire`` an error keeps only legacy fields."""
+    if legacy_wire and isinstance(message, ErrorMessage):
+        return _encoder.encode(
+            LegacyErrorMessage(**message.to_details().to_wire(legacy=True))
+        )
+    return _encoder.encode(message)
+
+
+def decode(data: bytes) -> Message | None:
+    """Deserialize tolerantly: unknown fields ignored, unknown types → ``None``.
+
+    An ``error`` whose fields do not match the schema is not dropped: it is
+    read through ``OmniErrorDetails.from_wire``, which keeps what it can and
+    falls back to a safe server-500 record.
+    """
+    try:
+        return _decoder.decode(data)
+    except msgspec.DecodeError:
+        pass
+    try:
+        raw = _raw_decoder.decode(data)
+    except msgspec.DecodeError:
+        return None
+    if isinstance(raw, dict) and raw.get("type") == "error":
+        return ErrorMessage.from_details(OmniErrorDetails.from_wire(raw))
+    return None

@@ -1,0 +1,688 @@
+"""The orchestrator: moves each request through its stages and owns their fate.
+
+Owns the orchestrator side of the stage wire (DESIGN §6): it starts the
+stage processes (forks of one preloaded forkserver, see ``processes.py``),
+binds one ZMQ ROUTER socket (``ipc://`` under a private temp dir by default,
+``tcp://`` for stages on other hosts), routes each request along the chain
+of stages that produce the requested modalities, and turns what comes back
+into results or exceptions:
+
+- an ``ErrorMessage`` is read with ``OmniErrorDetails.from_wire`` and
+  rebuilt by ``category`` with ``to_exception``; a nonfatal one fails only
+  its request (``OmniEngineGenerateError`` with ``stage_id`` for a stage's
+  internal failure, the remote ``OmniClientError`` for a client error);
+- a per-stage deadline (``timeout_s``) fails the request with
+  ``OmniStageTimeoutError`` (504) and aborts it in every stage;
+- a fatal record, or a stage process that died (polled every 100 ms), marks
+  the engine dead: every in-flight request fails with
+  ``OmniEngineDeadError(stage_id=…)`` and new ones are refused;
+- a consumer that goes away (``CancelledError``/``GeneratorExit``) aborts the
+  request in every stage; that is not an error.
+
+It must not classify exceptions (stages normalize, ``to_exception``
+rebuilds) and must not render anything for a transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import logging
+import os
+import shutil
+import tempfile
+import time
+import uuid
+import weakref
+from collections.abc import AsyncIterator, Iterable, Mapping
+from multiprocessing.process import BaseProcess
+from typing import Any, Literal
+
+import zmq
+import zmq.asyncio
+
+from vllm_omni.config import PipelineConfig, StageConfig
+from vllm_omni.engine import messages as m
+from vllm_omni.engine.processes import mp_context
+from vllm_omni.engine.stage_worker import WorkerSpec, run_stage_process, stage_identity
+from vllm_omni.errors import (
+    OmniConflictError,
+    OmniEngineDeadError,
+    OmniServiceUnavailableError,
+    OmniStageTimeoutError,
+    VLLMValidationError,
+    normalize,
+    sanitize_request_id,
+    to_exception,
+)
+from vllm_omni.errors.details import OmniErrorDetails
+from vllm_omni.outputs import DiffusionOutput, OmniRequestOutput
+
+__all__ = ["MODALITIES", "Orchestrator"]
+
+logger = logging.getLogger(__name__)
+
+Transport = Literal["ipc", "tcp"]
+MODALITIES = ("text", "audio", "image", "video")
+# Stage kinds that produce each modality, in route order.
+_PRODUCERS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "text": (("text", "vllm"),),
+    "audio": (("talker",), ("vocoder",)),
+    "image": (("image",),),
+    "video": (("video",),),
+}
+_TEXT_KINDS = ("text", "vllm")
+_WATCH_INTERVAL_S = 0.1
+_HEARTBEAT_S = 1.0
+_PARAM_TYPES = (str, int, float, bool, bytes, type(None))
+
+
+class _Aborted:
+    """Queue marker: the request was aborted through ``abort()``."""
+
+
+_ABORTED = _Aborted()
+
+
+class _StageHandle:
+    """The orchestrator's view of one stage: its process, identity and health."""
+
+    def __init__(self, config: StageConfig, loop: asyncio.AbstractEventLoop) -> None:
+        self.config = config
+        self.identity = stage_identity(config.id)
+        self.process: BaseProcess | None = None
+        self.ready: asyncio.Future[m.Ready] = loop.create_future()
+        self.pid: int | None = None
+        self.last_seen = loop.time()
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class _Request:
+    """One in-flight request: where it is and where its results go."""
+
+    request_id: str
+    # The id on the wire: the caller's id when it is a safe token, else a
+    # generated one, so error records (which drop unsafe ids) still route.
+    wire_id: str
+    queue: asyncio.Queue[m.Output | BaseException | _Aborted]
+    stage: StageConfig | None = None
+    timer: asyncio.TimerHandle | None = None
+    # Set once the request failed, timed out, was cancelled or completed:
+    # later messages for it are dropped.
+    closed: bool = False
+
+
+def _check_params(value: object, depth: int = 0) -> bool:
+    if isinstance(value, _PARAM_TYPES):
+        return True
+    if depth >= 4:
+        return False
+    if isinstance(value, list | tuple):
+        return all(_check_params(item, depth + 1) for item in value)
+    if isinstance(value, Mapping):
+        return all(
+            isinstance(k, str) and _check_params(v, depth + 1) for k, v in value.items()
+        )
+    return False
+
+
+def _reap(processes: list[BaseProcess], ipc_dir: str | None) -> None:
+    """Last resort (GC, interpreter exit): no stage outlives its engine."""
+    for process in processes:
+        with contextlib.suppress(Exception):
+            if process.is_alive():
+                process.kill()
+                process.join(1.0)
+    if ipc_dir is not None:
+        shutil.rmtree(ipc_dir, ignore_errors=True)
+
+
+class Orchestrator:
+    """Runs a pipeline's stages and moves requests through them."""
+
+    def __init__(
+        self,
+        pipeline: PipelineConfig,
+        *,
+        transport: Transport = "ipc",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        startup_timeout_s: float = 120.0,
+        heartbeat_timeout_s: float = 10.0,
+        death_grace_s: float = 0.1,
+    ) -> None:
+        if transport not in ("ipc", "tcp"):
+            raise VLLMValidationError(
+                "transport must be 'ipc' or 'tcp'", parameter="transport"
+            )
+        self.pipeline = pipeline
+        self._transport = transport
+        self._host = host
+        self._port = port
+        self._startup_timeout_s = startup_timeout_s
+        self._heartbeat_timeout_s = heartbeat_timeout_s
+        self._death_grace_s = death_grace_s
+        self.address = ""
+        self._ipc_dir: str | None = None
+        self._context: zmq.asyncio.Context | None = None
+        self._socket: zmq.asyncio.Socket | None = None
+        self._handles: dict[int, _StageHandle] = {}
+        self._by_identity: dict[bytes, _StageHandle] = {}
+        self._requests: dict[str, _Request] = {}
+        self._by_wire: dict[str, _Request] = {}
+        self._calls: dict[int, asyncio.Future[Any]] = {}
+        self._call_ids = itertools.count(1)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._dead: OmniEngineDeadError | None = None
+        self._started = False
+        self._closed = False
+        self._finalizer: weakref.finalize | None = None
+        self.modalities = frozenset(
+            modality
+            for modality, chain in _PRODUCERS.items()
+            if all(self._first_of(kinds) is not None for kinds in chain)
+        )
+
+    # -- state -----------------------------------------------------------------
+
+    @property
+    def dead_error(self) -> OmniEngineDeadError | None:
+        """The error that killed the engine, or ``None`` while it is healthy."""
+        return self._dead
+
+    @property
+    def is_running(self) -> bool:
+        return self._started and not self._closed and self._dead is None
+
+    def stage_pids(self) -> dict[int, int | None]:
+        return {sid: handle.pid for sid, handle in self._handles.items()}
+
+    def _first_of(self, kinds: tuple[str, ...]) -> StageConfig | None:
+        return next((s for s in self.pipeline.stages if s.kind in kinds), None)
+
+    # -- startup and shutdown -------------------------------------------------
+
+    async def start(self) -> None:
+        """Bind, start the local stages, and wait until every stage is ready."""
+        if self._started or self._closed:
+            raise RuntimeError("an orchestrator starts once")
+        loop = asyncio.get_running_loop()
+        self._context = zmq.asyncio.Context()
+        self._socket = self._context.socket(zmq.ROUTER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self.address = self._bind(self._socket)
+        for stage in self.pipeline.stages:
+            handle = _StageHandle(stage, loop)
+            self._handles[stage.id] = handle
+            self._by_identity[handle.identity] = handle
+        self._tasks.append(asyncio.create_task(self._receive(), name="omni-receive"))
+        try:
+            await asyncio.to_thread(self._spawn_local)
+            self._tasks.append(asyncio.create_task(self._watch(), name="omni-watch"))
+            for handle in self._handles.values():
+                if handle.config.remote:
+                    logger.warning(
+                        "waiting for remote stage %d: python -m "
+                        "vllm_omni.engine.stage_worker --connect %s --pipeline %s "
+                        "--stage-id %d",
+                        handle.config.id,
+                        self.address,
+                        self.pipeline.source,
+                        handle.config.id,
+                    )
+            async with asyncio.timeout(self._startup_timeout_s):
+                await asyncio.gather(*(h.ready for h in self._handles.values()))
+        except TimeoutError:
+            self.shutdown()
+            raise OmniServiceUnavailableError(
+                f"stages did not become ready within {self._startup_timeout_s:g} s"
+            ) from None
+        except BaseException:
+            self.shutdown()
+            raise
+        self._started = True
+
+    def _bind(self, socket: zmq.asyncio.Socket) -> str:
+        if self._transport == "tcp":
+            socket.bind(f"tcp://{self._host}:{self._port or '*'}")
+            return socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._ipc_dir = tempfile.mkdtemp(prefix="vllm-omni-")
+        address = f"ipc://{self._ipc_dir}/stages.sock"
+        socket.bind(address)
+        return address
+
+    def _spawn_local(self) -> None:
+        """Start local stage processes (in a thread: the first start waits for
+        the forkserver to import vLLM)."""
+        context = mp_context()
+        processes: list[BaseProcess] = []
+        self._finalizer = weakref.finalize(self, _reap, processes, self._ipc_dir)
+        for handle in self._handles.values():
+            if handle.config.remote:
+                continue
+            spec = WorkerSpec(
+                stage=handle.config,
+                pipeline=self.pipeline,
+                address=self.address,
+                orchestrator_pid=os.getpid(),
+            )
+            process = context.Process(
+                target=run_stage_process,
+                args=(spec,),
+                name=f"omni-stage-{handle.config.id}-{handle.config.name}",
+                daemon=True,
+            )
+            process.start()
+            handle.process = process
+            processes.append(process)
+
+    def shutdown(self, timeout_s: float = 3.0) -> None:
+        """Stop every stage and release sockets; idempotent. Call it from the
+        engine's loop thread (or after that loop stopped)."""
+        if self._closed:
+            return
+        self._closed = True
+        for handle in self._handles.values():
+            self._post(handle, m.Shutdown())
+        self._close_requests(
+            lambda req: OmniServiceUnavailableError("The engine is shutting down.")
+        )
+        for task in self._tasks:
+            task.cancel()
+        deadline = time.monotonic() + timeout_s
+        for handle in self._handles.values():
+            if handle.process is not None:
+                handle.process.join(max(0.0, deadline - time.monotonic()))
+                if handle.process.is_alive():
+                    handle.process.terminate()
+                    handle.process.join(1.0)
+        if self._socket is not None:
+            self._socket.close(linger=0)
+        if self._context is not None:
+            self._context.term()
+        if self._finalizer is not None:
+            self._finalizer()
+        elif self._ipc_dir is not None:
+            shutil.rmtree(self._ipc_dir, ignore_errors=True)
+
+    # -- the wire --------------------------------------------------------------
+
+    def _post(self, handle: _StageHandle, message: m.Message) -> None:
+        """Send without waiting: a ROUTER never blocks, it drops."""
+        if self._socket is None or self._socket.closed:
+            return
+        sent = self._socket.send_multipart([handle.identity, m.encode(message)])
+        if isinstance(sent, asyncio.Future):
+            sent.add_done_callback(_consume_send_error)
+
+    async def _receive(self) -> None:
+        assert self._socket is not None
+        while True:
+            frames = await self._socket.recv_multipart()
+            if len(frames) != 2:
+                continue
+            handle = self._by_identity.get(frames[0])
+            message = m.decode(frames[1])
+            if handle is None or message is None:
+                logger.debug("dropped a message from %r", frames[0])
+                continue
+            handle.last_seen = asyncio.get_running_loop().time()
+            self._dispatch(handle, message)
+
+    def _dispatch(self, handle: _StageHandle, message: m.Message) -> None:
+        if isinstance(message, m.Output):
+            request = self._by_wire.get(message.request_id)
+            if (
+                request is not None
+                and not request.closed
+                and request.stage is not None
+                and request.stage.id == handle.config.id
+            ):
+                request.queue.put_nowait(message)
+        elif isinstance(message, m.ErrorMessage):
+            self._on_error(handle, message.to_details())
+        elif isinstance(message, m.Ready):
+            handle.pid = message.pid
+            if not handle.ready.done():
+                handle.ready.set_result(message)
+            logger.info(
+                "stage %d (%s) ready, pid %d",
+                message.stage_id,
+                message.kind,
+                message.pid,
+            )
+        elif isinstance(message, m.UtilityResponse):
+            future = self._calls.pop(message.call_id, None)
+            if future is not None and not future.done():
+                future.set_result(message.result)
+
+    def _on_error(self, handle: _StageHandle, details: OmniErrorDetails) -> None:
+        if details.fatal:
+            self._mark_dead(
+                handle.config.id, "the stage reported a fatal error", details
+            )
+            return
+        request = self._by_wire.get(details.request_id or "")
+        if request is None or request.closed:
+            logger.warning(
+                "stage %d error for no live request: %s", handle.config.id, details
+            )
+            return
+        self._close(request, to_exception(details))
+
+    # -- liveness --------------------------------------------------------------
+
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_beat = loop.time()
+        while self._dead is None and not self._closed:
+            await asyncio.sleep(_WATCH_INTERVAL_S)
+            now = loop.time()
+            for handle in self._handles.values():
+                process = handle.process
+                if process is not None and not process.is_alive():
+                    # Let the receiver deliver a fatal record sent just before exit.
+                    await asyncio.sleep(self._death_grace_s)
+                    self._mark_dead(
+                        handle.config.id,
+                        f"stage process exited with code {process.exitcode}",
+                    )
+                    return
+                if (
+                    handle.config.remote
+                    and handle.ready.done()
+                    and now - handle.last_seen > self._heartbeat_timeout_s
+                ):
+                    self._mark_dead(handle.config.id, "stage heartbeat lost")
+                    return
+            if now >= next_beat:
+                next_beat = now + _HEARTBEAT_S
+                for handle in self._handles.values():
+                    if handle.config.remote:
+                        self._post(handle, m.Heartbeat())
+
+    def _dead_error_for(self, request_id: str | None) -> OmniEngineDeadError:
+        assert self._dead is not None
+        stage_id = self._dead.stage_id
+        template = OmniEngineDeadError(stage_id=stage_id, reason=self._dead.reason)
+        return OmniEngineDeadError(
+            stage_id=stage_id,
+            reason=self._dead.reason,
+            details=normalize(template, request_id=request_id, stage_id=stage_id),
+        )
+
+    def _mark_dead(
+        self, stage_id: int, reason: str, record: OmniErrorDetails | None = None
+    ) -> None:
+        if self._dead is not None or self._closed:
+            return
+        self._dead = OmniEngineDeadError(stage_id=stage_id, reason=reason)
+        self._dead = self._dead_error_for(None)
+        logger.error("engine dead: stage %d: %s", stage_id, reason)
+
+        def error_for(request: _Request) -> BaseException:
+            if record is not None and record.request_id == request.wire_id:
+                return to_exception(record)
+            return self._dead_error_for(request.wire_id)
+
+        self._close_requests(error_for)
+        for handle in self._handles.values():
+            if not handle.ready.done():
+                handle.ready.set_exception(self._dead_error_for(None))
+        for future in self._calls.values():
+            if not future.done():
+                future.set_result(None)
+
+    # -- requests --------------------------------------------------------------
+
+    def route(self, modalities: Iterable[str]) -> tuple[StageConfig, ...]:
+        """The stages a request for ``modalities`` goes through, in order.
+
+        Raises before anything is sent: ``VLLMValidationError`` (modalities)
+        for an unknown modality or combination, ``OmniServiceUnavailableError``
+        (503) when this pipeline has no stage for a requested modality.
+        """
+        wanted = set(modalities)
+        unknown = wanted - set(MODALITIES)
+        if unknown or not wanted:
+            raise VLLMValidationError(
+                f"modalities must be a non-empty subset of {', '.join(MODALITIES)}",
+                parameter="modalities",
+            )
+        for modality in MODALITIES:
+            if modality in wanted and modality not in self.modalities:
+                raise OmniServiceUnavailableError(f"pipeline has no {modality} stage")
+        if len(wanted) > 1 and wanted & {"image", "video"}:
+            raise VLLMValidationError(
+                "image and video requests cannot be combined with other modalities",
+                parameter="modalities",
+            )
+        route = [s for s in self.pipeline.stages if s.kind == "guardrail"]
+        for modality in MODALITIES:
+            if modality in wanted:
+                for kinds in _PRODUCERS[modality]:
+                    stage = self._first_of(kinds)
+                    assert stage is not None
+                    route.append(stage)
+        return tuple(route)
+
+    def _check_serving(self) -> None:
+        if self._dead is not None:
+            raise self._dead_error_for(None)
+        if not self._started or self._closed:
+            raise OmniServiceUnavailableError("The engine is not running.")
+
+    async def generate(
+        self,
+        prompt: str,
+        *,
+        request_id: str,
+        modalities: Iterable[str],
+        params: Mapping[str, Any],
+    ) -> AsyncIterator[OmniRequestOutput]:
+        """Run one request along its route; see ``AsyncOmni.generate``."""
+        self._check_serving()
+        wanted = frozenset(modalities)
+        route = self.route(wanted)
+        if not isinstance(prompt, str):
+            raise VLLMValidationError("prompt must be a string", parameter="prompt")
+        if not isinstance(params, Mapping) or not _check_params(params):
+            raise VLLMValidationError(
+                "params must map names to plain values (str, number, bool, bytes, "
+                "lists and mappings of them)",
+                parameter="params",
+            )
+        if request_id in self._requests:
+            raise OmniConflictError("A request with this id is already in flight.")
+        safe = sanitize_request_id(request_id) == request_id
+        wire_id = request_id if safe else f"omni-{uuid.uuid4().hex}"
+        request = _Request(request_id, wire_id, asyncio.Queue())
+        self._requests[request_id] = request
+        self._by_wire[wire_id] = request
+        try:
+            async for output in self._run(request, route, prompt, dict(params), wanted):
+                yield output
+        except (asyncio.CancelledError, GeneratorExit):
+            if not request.closed:
+                self._abort_everywhere(request)
+            raise
+        finally:
+            request.closed = True
+            self._cancel_timer(request)
+            self._requests.pop(request_id, None)
+            self._by_wire.pop(wire_id, None)
+
+    async def _run(
+        self,
+        request: _Request,
+        route: tuple[StageConfig, ...],
+        prompt: str,
+        params: dict[str, Any],
+        wanted: frozenset[str],
+    ) -> AsyncIterator[OmniRequestOutput]:
+        final = OmniRequestOutput(request_id=request.request_id)
+        inputs: m.Payload | None = None
+        for stage in route:
+            self._submit(
+                request,
+                stage,
+                m.Submit(
+                    request_id=request.wire_id,
+                    prompt=prompt,
+                    params=params,
+                    inputs=inputs,
+                ),
+            )
+            result = m.Payload()
+            while True:
+                item = await request.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if isinstance(item, _Aborted):
+                    final.finished = True
+                    final.finish_reason = "abort"
+                    final.stage_id = stage.id
+                    yield final
+                    return
+                _accumulate(result, item.payload)
+                if item.payload.meta:
+                    final.meta.setdefault(stage.name, {}).update(item.payload.meta)
+                if "text" in wanted and stage.kind in _TEXT_KINDS and item.payload.text:
+                    final.text += item.payload.text
+                    yield OmniRequestOutput(
+                        request_id=request.request_id,
+                        text=final.text,
+                        text_delta=item.payload.text,
+                        stage_id=stage.id,
+                    )
+                if item.finished:
+                    break
+            self._cancel_timer(request)
+            _finish_stage(final, stage, result)
+            inputs = result
+        request.closed = True
+        final.finished = True
+        final.stage_id = route[-1].id
+        final.finish_reason = final.finish_reason or "stop"
+        yield final
+
+    def _submit(self, request: _Request, stage: StageConfig, submit: m.Submit) -> None:
+        self._check_serving()
+        request.stage = stage
+        if stage.timeout_s is not None:
+            loop = asyncio.get_running_loop()
+            request.timer = loop.call_later(
+                stage.timeout_s, self._on_deadline, request, stage
+            )
+        self._post(self._handles[stage.id], submit)
+
+    def _on_deadline(self, request: _Request, stage: StageConfig) -> None:
+        if request.closed or request.stage is not stage:
+            return
+        logger.warning(
+            "request %s: stage %d deadline of %g s expired",
+            request.request_id,
+            stage.id,
+            stage.timeout_s,
+        )
+        self._close(
+            request,
+            OmniStageTimeoutError(
+                f"Stage {stage.id} ({stage.name}) did not finish within "
+                f"{stage.timeout_s:g} s.",
+                stage_id=stage.id,
+            ),
+        )
+        self._abort_everywhere(request)
+
+    def abort(self, request_id: str) -> None:
+        """Abort an in-flight request in every stage; its stream then ends with
+        a final output whose ``finish_reason`` is ``"abort"``, as upstream's
+        does. Unknown or finished ids are ignored."""
+        request = self._requests.get(request_id)
+        if request is None or request.closed:
+            return
+        self._close(request, _ABORTED)
+        self._abort_everywhere(request)
+
+    def _abort_everywhere(self, request: _Request) -> None:
+        for handle in self._handles.values():
+            self._post(handle, m.Abort(request_id=request.wire_id))
+
+    def _close(self, request: _Request, error: BaseException | _Aborted) -> None:
+        request.closed = True
+        self._cancel_timer(request)
+        request.queue.put_nowait(error)
+
+    def _close_requests(self, error_for: Any) -> None:
+        for request in list(self._requests.values()):
+            if not request.closed:
+                self._close(request, error_for(request))
+
+    @staticmethod
+    def _cancel_timer(request: _Request) -> None:
+        if request.timer is not None:
+            request.timer.cancel()
+            request.timer = None
+
+    # -- utilities -------------------------------------------------------------
+
+    async def call_utility(self, method: str, timeout_s: float = 5.0) -> dict[int, Any]:
+        """Ask every stage that is up; a stage that cannot answer maps to ``None``."""
+        loop = asyncio.get_running_loop()
+        futures: dict[int, asyncio.Future[Any]] = {}
+        for stage_id, handle in self._handles.items():
+            alive = handle.process is None or handle.process.is_alive()
+            if handle.ready.done() and not handle.ready.exception() and alive:
+                call_id = next(self._call_ids)
+                futures[stage_id] = self._calls[call_id] = loop.create_future()
+                self._post(handle, m.UtilityRequest(call_id=call_id, method=method))
+        if futures:
+            await asyncio.wait(futures.values(), timeout=timeout_s)
+        results: dict[int, Any] = {}
+        for stage_id in self._handles:
+            future = futures.get(stage_id)
+            done = future is not None and future.done() and not future.cancelled()
+            results[stage_id] = future.result() if done else None  # type: ignore[union-attr]
+        for call_id in [c for c, f in self._calls.items() if f in futures.values()]:
+            self._calls.pop(call_id, None)
+        return results
+
+
+def _accumulate(into: m.Payload, chunk: m.Payload) -> None:
+    into.text += chunk.text
+    into.tokens.extend(chunk.tokens)
+    into.images.extend(chunk.images)
+    if chunk.audio is not None:
+        into.audio = chunk.audio
+    if chunk.video is not None:
+        into.video = chunk.video
+    into.meta.update(chunk.meta)
+
+
+def _finish_stage(
+    final: OmniRequestOutput, stage: StageConfig, result: m.Payload
+) -> None:
+    """Fold a finished stage's result into the request's final output."""
+    if stage.kind in _TEXT_KINDS:
+        final.finish_reason = result.meta.get("finish_reason")
+    elif stage.kind == "vocoder":
+        final.audio = result.audio
+    elif stage.kind in ("image", "video"):
+        meta = result.meta
+        final.diffusion = DiffusionOutput(
+            images=list(result.images),
+            video=result.video,
+            width=meta.get("width"),
+            height=meta.get("height"),
+            fps=meta.get("fps"),
+            num_frames=meta.get("num_frames"),
+            seed=meta.get("seed"),
+        )
+
+
+def _consume_send_error(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        logger.debug("send failed: %s", future.exception())

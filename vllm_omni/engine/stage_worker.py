@@ -1,0 +1,347 @@
+"""A stage process: one stage, one asyncio loop, one ZMQ DEALER socket.
+
+Owns the stage side of the wire (DESIGN §6). Each ``Submit`` runs as its own
+task over the stage's async generator, so an ``Abort`` (cancel, deadline)
+preempts exactly that request and a hanging request never blocks the next
+one. What a stage raises is normalized *here*, with
+``normalize(exc, request_id=..., stage_id=...)`` in strict mode, and leaves
+as an ``ErrorMessage`` for that request only; the real text goes to this
+process's log. A fatal error (the stage raised ``EngineDeadError``) is sent
+with ``fatal=True`` and the process exits.
+
+A worker never outlives its orchestrator: a local stage polls its parent
+(the forkserver, which exits with the orchestrator) and the orchestrator's
+pid; a remote stage exits when the orchestrator has been silent too long.
+
+This module must not decide statuses or build envelopes, and must not
+reconstruct exceptions from records: that is the orchestrator's side.
+
+Run a stage on another host with::
+
+    python -m vllm_omni.engine.stage_worker --connect tcp://HOST:PORT \\
+        --pipeline PIPELINE --stage-id N
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from vllm_omni import __version__
+from vllm_omni.config import PipelineConfig, StageConfig, load_pipeline
+from vllm_omni.engine import messages as m
+from vllm_omni.engine.faults import apply_fault, matching_fault
+from vllm_omni.errors import OmniEngineDeadError, normalize
+from vllm_omni.errors.details import OmniErrorDetails
+from vllm_omni.stages import build_stage
+from vllm_omni.stages.base import Stage
+
+__all__ = ["WorkerSpec", "main", "run_stage_process", "stage_identity"]
+
+logger = logging.getLogger("vllm_omni.stage")
+
+_WATCH_INTERVAL_S = 0.25
+_RECENT = 1000  # request ids kept per stats list
+_EXIT_LINGER_MS = 2000
+
+
+def stage_identity(stage_id: int) -> bytes:
+    """The ZMQ routing identity of a stage (the orchestrator's ROUTER sees it)."""
+    return f"stage-{stage_id}".encode()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    """Everything a stage process needs; pickled to it by the forkserver."""
+
+    stage: StageConfig
+    pipeline: PipelineConfig
+    address: str
+    # Local stages: exit when this process is gone.
+    orchestrator_pid: int | None = None
+    heartbeat_s: float = 1.0
+    # Remote stages: exit when the orchestrator has been silent this long.
+    orchestrator_timeout_s: float | None = None
+
+
+@dataclasses.dataclass(slots=True)
+class _Stats:
+    """What this stage saw; returned by the ``stats`` utility."""
+
+    submitted: int = 0
+    completed: int = 0
+    failed: int = 0
+    aborts: collections.deque[str] = dataclasses.field(
+        default_factory=lambda: collections.deque(maxlen=_RECENT)
+    )
+    cancelled: collections.deque[str] = dataclasses.field(
+        default_factory=lambda: collections.deque(maxlen=_RECENT)
+    )
+
+
+class StageWorker:
+    """Serves one stage over a DEALER socket until shut down or orphaned."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
+        self.stage_id = spec.stage.id
+        self._faults = spec.pipeline.faults_for(self.stage_id)
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._stats = _Stats()
+        self._last_heard = time.monotonic()
+        # Made inside the running loop (serve), which zmq.asyncio binds them to.
+        self._context: zmq.asyncio.Context | None = None
+        self._socket: zmq.asyncio.Socket | None = None
+        self._stage: Stage | None = None
+        self._exit_code = 0
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def serve(self) -> int:
+        """Run until ``Shutdown``, orphaning or a fatal error; the exit code."""
+        self._context = zmq.asyncio.Context()
+        self._socket = self._context.socket(zmq.DEALER)
+        self._socket.setsockopt(zmq.IDENTITY, stage_identity(self.stage_id))
+        self._socket.setsockopt(zmq.LINGER, _EXIT_LINGER_MS)
+        self._socket.connect(self.spec.address)
+        stop = asyncio.Event()
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        try:
+            self._stage = build_stage(self.spec.stage, self.spec.pipeline)
+            await self._stage.start()
+        except Exception as exc:
+            logger.exception("stage %d failed to start", self.stage_id)
+            reason = f"stage failed to start: {type(exc).__name__}"
+            dead = OmniEngineDeadError(stage_id=self.stage_id, reason=reason)
+            await self._send(m.ErrorMessage.from_details(normalize(dead)))
+            return 1
+        await self._send(
+            m.Ready(
+                stage_id=self.stage_id,
+                pid=os.getpid(),
+                kind=self.spec.stage.kind,
+                version=__version__,
+            )
+        )
+        loops = [
+            asyncio.create_task(self._receive(stop)),
+            asyncio.create_task(self._heartbeat()),
+            asyncio.create_task(self._watch_orchestrator(stop)),
+        ]
+        try:
+            await stop.wait()
+        finally:
+            for task in [*loops, *self._tasks.values()]:
+                task.cancel()
+            await asyncio.gather(*loops, *self._tasks.values(), return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await self._stage.shutdown()
+        return self._exit_code
+
+    def close(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
+        if self._context is not None:
+            self._context.term()
+
+    # -- messages --------------------------------------------------------------
+
+    async def _send(self, message: m.Message) -> None:
+        assert self._socket is not None
+        data = m.encode(message, legacy_wire=self.spec.stage.legacy_wire)
+        await self._socket.send(data)
+
+    async def _receive(self, stop: asyncio.Event) -> None:
+        assert self._socket is not None
+        while True:
+            message = m.decode(await self._socket.recv())
+            self._last_heard = time.monotonic()
+            if isinstance(message, m.Submit):
+                self._submit(message)
+            elif isinstance(message, m.Abort):
+                self._abort(message.request_id)
+            elif isinstance(message, m.UtilityRequest):
+                await self._send(
+                    m.UtilityResponse(
+                        call_id=message.call_id,
+                        stage_id=self.stage_id,
+                        result=self._utility(message.method),
+                    )
+                )
+            elif isinstance(message, m.Shutdown):
+                stop.set()
+                return
+
+    def _submit(self, request: m.Submit) -> None:
+        if request.request_id in self._tasks:
+            logger.warning(
+                "stage %d: duplicate request %s", self.stage_id, request.request_id
+            )
+            return
+        self._stats.submitted += 1
+        task = asyncio.create_task(self._run(request), name=request.request_id)
+        self._tasks[request.request_id] = task
+        task.add_done_callback(
+            lambda _t, rid=request.request_id: self._tasks.pop(rid, None)
+        )
+
+    def _abort(self, request_id: str) -> None:
+        self._stats.aborts.append(request_id)
+        task = self._tasks.get(request_id)
+        if task is not None and not task.done():
+            task.cancel()
+            self._stats.cancelled.append(request_id)
+
+    def _utility(self, method: str) -> Any:
+        if method == "stats":
+            stats = self._stats
+            return {
+                "stage_id": self.stage_id,
+                "name": self.spec.stage.name,
+                "kind": self.spec.stage.kind,
+                "pid": os.getpid(),
+                "submitted": stats.submitted,
+                "completed": stats.completed,
+                "failed": stats.failed,
+                "active": sorted(self._tasks),
+                "aborts": list(stats.aborts),
+                "cancelled": list(stats.cancelled),
+            }
+        return {"error": f"unknown utility {method!r}"}
+
+    # -- one request -----------------------------------------------------------
+
+    async def _run(self, request: m.Submit) -> None:
+        request_id = request.request_id
+        assert self._stage is not None
+        try:
+            fault = matching_fault(self._faults, request.prompt)
+            if fault is not None:
+                await apply_fault(fault)
+            async for payload in self._stage.generate(request):
+                await self._send(
+                    m.Output(
+                        request_id=request_id, stage_id=self.stage_id, payload=payload
+                    )
+                )
+            await self._send(
+                m.Output(request_id=request_id, stage_id=self.stage_id, finished=True)
+            )
+            self._stats.completed += 1
+        except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # every other failure becomes a record
+            self._stats.failed += 1
+            details = normalize(exc, request_id=request_id, stage_id=self.stage_id)
+            # The real text (and traceback) of a server error stays in this log.
+            logger.log(
+                logging.INFO if details.is_client else logging.WARNING,
+                "stage %d request %s failed (%s %d)",
+                self.stage_id,
+                request_id,
+                details.error_type,
+                details.status_code,
+                exc_info=None if details.is_client else exc,
+            )
+            await self._send(m.ErrorMessage.from_details(details))
+            if details.fatal:
+                self._die(details)
+
+    def _die(self, details: OmniErrorDetails) -> None:
+        logger.error("stage %d: fatal error, exiting", self.stage_id)
+        # Closing with LINGER flushes the fatal record before the process ends.
+        self.close()
+        os._exit(1)
+
+    # -- liveness --------------------------------------------------------------
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self.spec.heartbeat_s)
+            await self._send(m.Heartbeat(stage_id=self.stage_id))
+
+    async def _watch_orchestrator(self, stop: asyncio.Event) -> None:
+        parent = os.getppid()
+        pid = self.spec.orchestrator_pid
+        timeout = self.spec.orchestrator_timeout_s
+        while True:
+            await asyncio.sleep(_WATCH_INTERVAL_S)
+            orphaned = os.getppid() != parent or (pid is not None and not _alive(pid))
+            silent = (
+                timeout is not None and time.monotonic() - self._last_heard > timeout
+            )
+            if orphaned or silent:
+                logger.warning("stage %d: orchestrator gone, exiting", self.stage_id)
+                stop.set()
+                return
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _serve(spec: WorkerSpec) -> int:
+    worker = StageWorker(spec)
+    try:
+        return asyncio.run(worker.serve())
+    finally:
+        worker.close()
+
+
+def run_stage_process(spec: WorkerSpec) -> None:
+    """Entry point of a local stage process (a forkserver child)."""
+    # The orchestrator decides when stages stop; Ctrl-C in a terminal goes to
+    # the whole process group and must not kill stages under a live engine.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(levelname)s stage-{spec.stage.id} %(message)s"
+    )
+    code = _serve(spec)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one stage of a pipeline against a remote orchestrator."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument(
+        "--connect", required=True, help="orchestrator address, tcp://…"
+    )
+    parser.add_argument("--pipeline", default="reference")
+    parser.add_argument("--stage-id", type=int, required=True)
+    parser.add_argument("--orchestrator-timeout-s", type=float, default=30.0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    pipeline = load_pipeline(args.pipeline)
+    spec = WorkerSpec(
+        stage=pipeline.stage(args.stage_id),
+        pipeline=pipeline,
+        address=args.connect,
+        orchestrator_timeout_s=args.orchestrator_timeout_s,
+    )
+    return _serve(spec)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,219 @@
+"""``AsyncOmni``: the asyncio engine client, in the style of vLLM's ``AsyncLLM``.
+
+Owns the engine lifecycle (pipeline loading, start, health, shutdown) and
+the request API the server and the offline ``Omni`` use. Requests are moved
+through the stages by the ``Orchestrator``; this class adds the client
+contract on top:
+
+- ``generate`` is an async generator, like ``AsyncLLM.generate``: validation
+  that needs no stage (modalities, prompt and params types) raises before
+  anything is sent; a consumer that goes away (``CancelledError`` /
+  ``GeneratorExit``) aborts the request in every stage and is not an error;
+- ``errored``/``is_running``/``dead_error``/``check_health`` report a dead
+  engine the way upstream does, with ``OmniEngineDeadError(stage_id=…)``.
+
+Usage (both forms start the stage processes; pick one)::
+
+    engine = await AsyncOmni.create(pipeline="reference")
+    # or: engine = AsyncOmni(pipeline="reference"); await engine.start()
+    async for out in engine.generate("hi", request_id="r1", modalities=["text"]):
+        print(out.text_delta, end="")
+    engine.shutdown()
+
+This module must not classify or render errors: what it raises is what the
+stages raised (rebuilt by ``to_exception``) or a semantic exception of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import Any
+
+from vllm_omni.config import PipelineConfig, load_pipeline
+from vllm_omni.engine.orchestrator import Orchestrator, Transport
+from vllm_omni.engine.processes import start_forkserver
+from vllm_omni.errors import OmniEngineDeadError
+from vllm_omni.outputs import OmniRequestOutput
+
+__all__ = ["AsyncOmni"]
+
+
+class AsyncOmni:
+    """An engine client for a multi-stage pipeline.
+
+    Args:
+        pipeline: ``"reference"`` (built in), a YAML file path, or a loaded
+            ``PipelineConfig``.
+        transport: ``"ipc"`` (default; a socket in a private temp dir) or
+            ``"tcp"`` (needed when some stages run on other hosts).
+        host, port: where to bind for ``tcp`` (port 0: any free port).
+        startup_timeout_s: how long ``start`` waits for every stage.
+        heartbeat_timeout_s: silence after which a *remote* stage is dead
+            (local stages are watched through their process, every 100 ms).
+    """
+
+    def __init__(
+        self,
+        pipeline: str | os.PathLike[str] | PipelineConfig = "reference",
+        *,
+        transport: Transport = "ipc",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        startup_timeout_s: float = 120.0,
+        heartbeat_timeout_s: float = 10.0,
+    ) -> None:
+        self.config = load_pipeline(pipeline)
+        self._orchestrator = Orchestrator(
+            self.config,
+            transport=transport,
+            host=host,
+            port=port,
+            startup_timeout_s=startup_timeout_s,
+            heartbeat_timeout_s=heartbeat_timeout_s,
+        )
+
+    @classmethod
+    async def create(
+        cls,
+        pipeline: str | os.PathLike[str] | PipelineConfig = "reference",
+        **kwargs: Any,
+    ) -> AsyncOmni:
+        """Construct and start an engine; see the class for the arguments."""
+        engine = cls(pipeline, **kwargs)
+        await engine.start()
+        return engine
+
+    async def start(self) -> None:
+        """Start the stage processes and wait until all are ready.
+
+        Raises ``OmniEngineDeadError`` if a stage dies or fails to start, and
+        ``OmniServiceUnavailableError`` if the stages are not ready in time.
+        """
+        start_forkserver()
+        await self._orchestrator.start()
+
+    async def __aenter__(self) -> AsyncOmni:
+        if not self.is_running:
+            await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+    # -- what the pipeline offers ---------------------------------------------
+
+    @property
+    def model_name(self) -> str:
+        return self.config.model
+
+    @property
+    def modalities(self) -> frozenset[str]:
+        """The output modalities this pipeline can produce."""
+        return self._orchestrator.modalities
+
+    @property
+    def voices(self) -> list[str]:
+        """Voice names the talker accepts (empty without a speech route)."""
+        if "audio" not in self.modalities:
+            return []
+        from vllm_omni.stages.speech import VOICES
+
+        return sorted(VOICES)
+
+    @property
+    def address(self) -> str:
+        """The orchestrator's ZMQ address (stages on other hosts connect here)."""
+        return self._orchestrator.address
+
+    # -- requests --------------------------------------------------------------
+
+    async def generate(
+        self,
+        prompt: str,
+        *,
+        request_id: str | None = None,
+        modalities: Iterable[str] | str = ("text",),
+        params: Mapping[str, Any] | None = None,
+    ) -> AsyncIterator[OmniRequestOutput]:
+        """Run one request; yields outputs, the last with ``finished=True``.
+
+        Text streams one output per token (``text_delta``); audio, images and
+        video arrive in the final output. Raises:
+
+        - ``OmniEngineDeadError`` (an ``EngineDeadError``) when the engine is
+          dead, before or during the request;
+        - ``VLLMValidationError`` (before submission) for bad modalities,
+          prompt or params types; ``OmniServiceUnavailableError`` (503) when
+          the pipeline has no stage for a modality; ``OmniConflictError``
+          (409) when ``request_id`` is already in flight;
+        - ``OmniClientError`` (remote, with ``.details``) when a stage
+          rejected the request (validation 400, unknown voice 404,
+          undecodable image 422, guardrail 400);
+        - ``OmniEngineGenerateError`` (``stage_id``, ``.details``) for a
+          nonfatal stage failure, ``OmniServerError`` for other typed server
+          errors a stage raised;
+        - ``OmniStageTimeoutError`` (504, ``stage_id``) when a stage misses
+          its deadline; the request is aborted in every stage.
+        """
+        if request_id is None:
+            request_id = f"omni-{uuid.uuid4().hex}"
+        wanted = (modalities,) if isinstance(modalities, str) else tuple(modalities)
+        async for output in self._orchestrator.generate(
+            prompt, request_id=request_id, modalities=wanted, params=params or {}
+        ):
+            yield output
+
+    async def abort(self, request_id: str) -> None:
+        """Abort a request in every stage; its stream ends with
+        ``finish_reason="abort"``. Unknown ids are ignored."""
+        self._orchestrator.abort(request_id)
+
+    # -- health ----------------------------------------------------------------
+
+    @property
+    def errored(self) -> bool:
+        """True once a stage died or reported a fatal error."""
+        return self._orchestrator.dead_error is not None
+
+    @property
+    def is_running(self) -> bool:
+        return self._orchestrator.is_running
+
+    @property
+    def dead_error(self) -> BaseException:
+        """The error that killed the engine (a fresh ``OmniEngineDeadError``
+        if it is not dead, as upstream's ``dead_error`` does)."""
+        return self._orchestrator.dead_error or OmniEngineDeadError()
+
+    @property
+    def should_keep_api_server_alive(self) -> bool:
+        return False
+
+    async def check_health(self) -> None:
+        """Raise the dead error when the engine is dead; otherwise return."""
+        if self.errored:
+            raise self.dead_error
+
+    async def stage_stats(self) -> dict[int, dict[str, Any] | None]:
+        """What each stage saw, asked from the stage processes themselves.
+
+        Per stage id: ``submitted``/``completed``/``failed`` counts, ``active``
+        request ids, recent ``aborts`` (every abort received) and
+        ``cancelled`` (aborts that stopped running work), ``pid``; ``None``
+        for a stage that cannot answer (e.g. it died).
+        """
+        return await self._orchestrator.call_utility("stats")
+
+    def stage_pids(self) -> dict[int, int | None]:
+        """Process id of each stage (``None`` until it is ready)."""
+        return self._orchestrator.stage_pids()
+
+    def shutdown(self) -> None:
+        """Stop every stage process and release sockets; idempotent.
+
+        Call it from the engine's event-loop thread. In-flight requests fail
+        with ``OmniServiceUnavailableError`` (503).
+        """
+        self._orchestrator.shutdown()

@@ -1,0 +1,189 @@
+"""``Omni``: the offline (synchronous) Python API over ``AsyncOmni``.
+
+Owns a private event loop running in a daemon thread, on which one
+``AsyncOmni`` lives; every call is submitted to that loop and waited for.
+Errors arrive as exceptions (DESIGN §4, offline Python): the semantic
+exception when it was raised in this process (``VLLMValidationError`` for bad
+modalities, ``OmniServiceUnavailableError``, ...), or the remote
+``OmniClientError`` / ``OmniServerError`` / ``OmniEngineGenerateError`` /
+``OmniEngineDeadError`` / ``OmniStageTimeoutError`` carrying ``.details``.
+With ``raise_on_error=False`` a failed prompt instead returns an output whose
+``details`` is the error record.
+
+Usage::
+
+    if __name__ == "__main__":   # stage processes re-import the main module
+        with Omni(pipeline="reference") as omni:
+            print(omni.generate("Hello", modalities=["text"]).text)
+
+This module must not classify errors or render them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import uuid
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from typing import Any, TypeVar, overload
+
+from vllm_omni.config import PipelineConfig
+from vllm_omni.entrypoints.async_omni import AsyncOmni
+from vllm_omni.errors import normalize
+from vllm_omni.outputs import DiffusionOutput, OmniRequestOutput
+
+__all__ = ["Omni"]
+
+_T = TypeVar("_T")
+
+
+class Omni:
+    """A started engine for offline use; close it (or use ``with``) when done.
+
+    Accepts the same arguments as ``AsyncOmni``.
+    """
+
+    def __init__(
+        self,
+        pipeline: str | os.PathLike[str] | PipelineConfig = "reference",
+        **engine_kwargs: Any,
+    ) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="omni-engine-loop", daemon=True
+        )
+        self._thread.start()
+        self._closed = False
+        try:
+            self.engine: AsyncOmni = self._call(
+                AsyncOmni.create(pipeline, **engine_kwargs)
+            )
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    def _call(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    @overload
+    def generate(
+        self,
+        prompts: str,
+        *,
+        modalities: Iterable[str] | str = ...,
+        params: Mapping[str, Any] | None = ...,
+        raise_on_error: bool = ...,
+    ) -> OmniRequestOutput: ...
+
+    @overload
+    def generate(
+        self,
+        prompts: Sequence[str],
+        *,
+        modalities: Iterable[str] | str = ...,
+        params: Mapping[str, Any] | None = ...,
+        raise_on_error: bool = ...,
+    ) -> list[OmniRequestOutput]: ...
+
+    def generate(
+        self,
+        prompts: str | Sequence[str],
+        *,
+        modalities: Iterable[str] | str = ("text",),
+        params: Mapping[str, Any] | None = None,
+        raise_on_error: bool = True,
+    ) -> OmniRequestOutput | list[OmniRequestOutput]:
+        """Run prompts to completion; the final output of each (list in, list out).
+
+        A list runs concurrently. With ``raise_on_error`` (default) the first
+        failure in prompt order is raised; otherwise failed prompts return an
+        output with ``details`` set and ``finished=True``.
+        """
+        single = isinstance(prompts, str)
+        batch = [prompts] if single else list(prompts)
+        wanted = (modalities,) if isinstance(modalities, str) else tuple(modalities)
+        outputs = self._call(self._run_all(batch, wanted, params, raise_on_error))
+        return outputs[0] if single else outputs
+
+    async def _run_all(
+        self,
+        prompts: list[Any],
+        modalities: tuple[str, ...],
+        params: Mapping[str, Any] | None,
+        raise_on_error: bool,
+    ) -> list[OmniRequestOutput]:
+        request_ids = [f"omni-{uuid.uuid4().hex}" for _ in prompts]
+        results = await asyncio.gather(
+            *(
+                self._run_one(prompt, request_id, modalities, params)
+                for prompt, request_id in zip(prompts, request_ids, strict=True)
+            ),
+            return_exceptions=True,
+        )
+        outputs: list[OmniRequestOutput] = []
+        for request_id, result in zip(request_ids, results, strict=True):
+            if isinstance(result, BaseException):
+                if raise_on_error or not isinstance(result, Exception):
+                    raise result
+                outputs.append(_failed_output(result, request_id, modalities))
+            else:
+                outputs.append(result)
+        return outputs
+
+    async def _run_one(
+        self,
+        prompt: str,
+        request_id: str,
+        modalities: tuple[str, ...],
+        params: Mapping[str, Any] | None,
+    ) -> OmniRequestOutput:
+        final: OmniRequestOutput | None = None
+        async for output in self.engine.generate(
+            prompt, request_id=request_id, modalities=modalities, params=params
+        ):
+            final = output
+        assert final is not None and final.finished
+        return final
+
+    def close(self) -> None:
+        """Shut the engine down and stop the loop thread; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._call(_shutdown(self.engine))
+        finally:
+            self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10.0)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+    def __enter__(self) -> Omni:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+async def _shutdown(engine: AsyncOmni) -> None:
+    engine.shutdown()
+
+
+def _failed_output(
+    error: Exception, request_id: str, modalities: tuple[str, ...]
+) -> OmniRequestOutput:
+    details = normalize(error, request_id=request_id)
+    diffusion = None
+    if {"image", "video"} & set(modalities):
+        diffusion = DiffusionOutput(details=details)
+    return OmniRequestOutput(
+        request_id=request_id,
+        finished=True,
+        finish_reason="error",
+        diffusion=diffusion,
+        details=details,
+    )

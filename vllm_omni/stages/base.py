@@ -1,0 +1,103 @@
+"""The stage contract: one request in, an async stream of ``Payload`` chunks out.
+
+A stage runs inside its stage process, in that process's asyncio loop. It
+raises semantic exceptions (``VLLMValidationError`` with ``parameter``,
+``VLLMNotFoundError``, ``GuardrailViolationError``, ``EngineDeadError`` when
+it can no longer serve anything) and never builds error records or messages:
+the stage worker normalizes what it raises. A stage must stay preemptible:
+``generate`` is an async generator that the worker cancels on abort or
+deadline, so long work awaits (or yields) instead of blocking the loop.
+"""
+
+from __future__ import annotations
+
+import abc
+import re
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar
+
+from vllm_omni.config import PipelineConfig, StageConfig
+from vllm_omni.engine.messages import Payload, Submit
+from vllm_omni.errors import VLLMValidationError
+
+__all__ = ["Stage", "bounded_float", "bounded_int", "parse_size"]
+
+_SIZE_RE = re.compile(r"(\d{1,5})[xX](\d{1,5})")
+
+
+class Stage(abc.ABC):
+    """Base class of every stage implementation."""
+
+    kind: ClassVar[str]
+
+    def __init__(self, config: StageConfig, pipeline: PipelineConfig) -> None:
+        self.config = config
+        self.pipeline = pipeline
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Prepare to serve (load weights, build engines). Default: nothing."""
+
+    @abc.abstractmethod
+    def generate(self, request: Submit) -> AsyncIterator[Payload]:
+        """Produce the request's result as a stream of chunks."""
+
+    async def shutdown(self) -> None:  # noqa: B027 - optional hook
+        """Release resources before the process exits. Default: nothing."""
+
+
+def bounded_int(
+    params: dict[str, Any], name: str, default: int | None, low: int, high: int
+) -> int | None:
+    """``params[name]`` as an int in ``[low, high]``, or ``default`` when absent."""
+    value = params.get(name)
+    if value is None:
+        return default
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not low <= value <= high
+    ):
+        raise VLLMValidationError(
+            f"{name} must be an integer between {low} and {high}",
+            parameter=name,
+            value=value,
+        )
+    return value
+
+
+def bounded_float(
+    params: dict[str, Any], name: str, default: float, low: float, high: float
+) -> float:
+    """``params[name]`` as a number in ``[low, high]``, or ``default`` when absent."""
+    value = params.get(name)
+    if value is None:
+        return default
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not low <= value <= high
+    ):
+        raise VLLMValidationError(
+            f"{name} must be a number between {low:g} and {high:g}",
+            parameter=name,
+            value=value,
+        )
+    return float(value)
+
+
+def parse_size(
+    params: dict[str, Any], default: str, low: int, high: int, name: str = "size"
+) -> tuple[int, int]:
+    """``"WxH"`` with each side in ``[low, high]`` and a multiple of 8."""
+    value = params.get(name, default)
+    match = _SIZE_RE.fullmatch(value) if isinstance(value, str) else None
+    width, height = (int(match[1]), int(match[2])) if match else (-1, -1)
+    for side in (width, height):
+        if not low <= side <= high or side % 8:
+            raise VLLMValidationError(
+                f"{name} must be 'WxH' with each side between {low} and {high} "
+                "and a multiple of 8",
+                parameter=name,
+                value=value,
+            )
+    return width, height

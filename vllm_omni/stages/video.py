@@ -1,0 +1,58 @@
+"""The reference video stage: a short animated GIF from prompt and seed.
+
+Owns the validation of ``seconds`` (0.1..10), ``size`` ("WxH", 64..512 each,
+multiple of 8), ``fps`` (1..30) and ``seed``; frames are a moving gradient
+encoded by Pillow. Defaults (1 s, 8 fps, 128x128) take milliseconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections.abc import AsyncIterator
+from typing import ClassVar
+
+from PIL import Image
+
+from vllm_omni.engine.messages import Payload, Submit
+from vllm_omni.stages.base import Stage, bounded_float, bounded_int, parse_size
+from vllm_omni.stages.image import gradient, seed_for
+
+__all__ = ["VideoStage"]
+
+
+class VideoStage(Stage):
+    """Text-to-video as an animated GIF."""
+
+    kind: ClassVar[str] = "video"
+
+    async def generate(self, request: Submit) -> AsyncIterator[Payload]:
+        params = request.params
+        seconds = bounded_float(params, "seconds", 1.0, 0.1, 10.0)
+        width, height = parse_size(params, "128x128", 64, 512)
+        fps = bounded_int(params, "fps", 8, 1, 30) or 8
+        seed = seed_for(request.prompt, params)
+        count = max(1, round(seconds * fps))
+        frames = []
+        for index in range(count):
+            frames.append(Image.fromarray(gradient(width, height, seed, index / count)))
+            await asyncio.sleep(0)
+        buffer = io.BytesIO()
+        frames[0].save(
+            buffer,
+            format="GIF",
+            save_all=True,
+            append_images=frames[1:],
+            duration=max(1, round(1000 / fps)),
+            loop=0,
+        )
+        yield Payload(
+            video=buffer.getvalue(),
+            meta={
+                "width": width,
+                "height": height,
+                "fps": fps,
+                "num_frames": count,
+                "seed": seed,
+            },
+        )
