@@ -38,6 +38,8 @@ _SECRET_NAMES = (
     r"|password|passwd|pwd|secret|credentials?"
 )
 
+_CONTROL = r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069]"
+
 # (name, pattern, replacement). The replacement is a string or, for rules that
 # keep part of the match, a function of the match. Order matters where two
 # rules could start at the same position: the first listed wins.
@@ -45,7 +47,10 @@ _RULES: tuple[tuple[str, str, str | Callable[[re.Match[str]], str]], ...] = (
     ("traceback", r"Traceback \(most recent call last\):(?:\n[ \t]+[^\n]*)*", ""),
     (
         "frame",
-        r"[ \t]*File \"[^\"\n]*\", line \d+(?:, in [^\n]*)?(?:\n[ \t]+[^\n]*)?",
+        # The lookbehind starts the match only at the first blank of a run, so
+        # a long run of blanks is scanned once rather than once per position.
+        r"(?<![ \t])[ \t]*File \"[^\"\n]*\", line \d+(?:, in [^\n]*)?"
+        r"(?:\n[ \t]+[^\n]*)?",
         "",
     ),
     (
@@ -86,11 +91,7 @@ _RULES: tuple[tuple[str, str, str | Callable[[re.Match[str]], str]], ...] = (
         r"|(?<![\w:/.~<-])/[\w@+-]+\.\w+",
         "<path>",
     ),
-    (
-        "control",
-        r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069]",
-        "",
-    ),
+    ("control", _CONTROL, ""),
 )
 
 _COMBINED = re.compile(
@@ -98,16 +99,50 @@ _COMBINED = re.compile(
 )
 _REPLACEMENTS = {name: replacement for name, _, replacement in _RULES}
 
+# A substring that every match of some rule contains, one per rule above (the
+# control class is shared). Most messages contain none of them; for those the
+# full alternation, about fifteen times slower per character, is skipped.
+_TRIGGERS = re.compile(
+    r"Traceback"  # traceback
+    r"|File \""  # frame
+    r"|-----BEGIN "  # private_key
+    r"|data:"  # data_uri
+    r"|://"  # file_uri, url_userinfo
+    r"|[Bb](?:earer|asic)[ \t]"  # auth_scheme
+    r"|sk-|hf_|AKIA|ASIA"  # openai_key, hf_token, aws_key
+    r"|="  # assignment
+    r"|0x"  # address_suffix, address
+    r"|[A-Za-z0-9+]{64}"  # base64_run (a run with a "/" is caught by "/")
+    r"|:\\"  # windows_path
+    r"|/"  # posix_path
+    rf"|{_CONTROL}"  # control
+)
+
 
 def _replace(match: re.Match[str]) -> str:
     replacement = _REPLACEMENTS[match.lastgroup or ""]
     return replacement if isinstance(replacement, str) else replacement(match)
 
 
-def _one_pass(text: str) -> str:
-    text = _COMBINED.sub(_replace, text).strip()
+def _cap(text: str) -> str:
     if len(text) > MAX_MESSAGE_CHARS:
         text = text[: MAX_MESSAGE_CHARS - 1].rstrip() + "…"
+    return text
+
+
+def _one_pass(text: str) -> str:
+    return _cap(_COMBINED.sub(_replace, text).strip())
+
+
+def _fixed_point(text: str) -> str:
+    # A replacement or the length cap can expose a new match (a cut token now
+    # ending at a word boundary); iterate to the fixed point so the result is
+    # stable when a record is sanitized again after a wire round trip.
+    for _ in range(4):
+        cleaned = _one_pass(text)
+        if cleaned == text:
+            return cleaned
+        text = cleaned
     return text
 
 
@@ -119,15 +154,10 @@ def sanitize_message(text: object) -> str:
         except Exception:
             return ""
     text = text[:_SCAN_LIMIT]
-    # A replacement or the length cap can expose a new match (a cut token now
-    # ending at a word boundary); iterate to the fixed point so the result is
-    # stable when a record is sanitized again after a wire round trip.
-    for _ in range(4):
-        cleaned = _one_pass(text)
-        if cleaned == text:
-            return cleaned
-        text = cleaned
-    return text
+    if _TRIGGERS.search(text) is None:
+        # No rule can match: the full scan would only strip and cap.
+        return _cap(text.strip())
+    return _fixed_point(text)
 
 
 def sanitize_parameter(parameter: object) -> str | None:
