@@ -193,7 +193,12 @@ _LEGACY_BY_TYPE: dict[type[BaseException], StatusRow] = {
 
 @cache
 def row_for(exc_type: type[BaseException], legacy: bool = False) -> StatusRow:
-    """The most specific row for ``exc_type`` (legacy rows only if asked)."""
+    """The most specific row for ``exc_type`` (legacy rows only if asked).
+
+    Legacy rows are for raw exceptions only: a ``VLLMError`` that also inherits
+    ``ValueError`` keeps its semantic row, as upstream checks that first.
+    """
+    legacy = legacy and not issubclass(exc_type, VLLMError)
     for klass in exc_type.__mro__:
         row = _BY_TYPE.get(klass)
         if row is not None and klass not in (Exception, BaseException):
