@@ -687,7 +687,7 @@ def _message_literal(node: ast.expr) -> str:
         )
     else:
         return ""
-    return " ".join(str(text).split())
+    return " ".join(text.split())
 
 
 def _decode(data: bytes) -> str:
