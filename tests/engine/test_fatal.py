@@ -1,0 +1,170 @@
+"""Fatal failures: a stage that dies kills the engine, fast and loudly (§6)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.engine.engines import collect, stage_active, wait_for, write_pipeline
+from vllm_omni.config import load_pipeline
+from vllm_omni.engine.processes import mp_context
+from vllm_omni.engine.stage_worker import WorkerSpec, run_stage_process
+from vllm_omni.entrypoints.async_omni import AsyncOmni
+from vllm_omni.errors import EngineDeadError, OmniEngineDeadError
+
+pytestmark = pytest.mark.timeout(60)
+
+FATAL = {
+    "model": "omni-fatal",
+    "stages": [
+        {"id": 0, "name": "thinker", "kind": "text", "timeout_s": 30},
+        {"id": 1, "name": "talker", "kind": "talker", "timeout_s": 30},
+        {"id": 2, "name": "vocoder", "kind": "vocoder"},
+    ],
+    "faults": [
+        {"stage": 0, "marker": "@hang-text", "action": "hang"},
+        {"stage": 1, "marker": "@hang-talker", "action": "hang"},
+        {"stage": 0, "marker": "@exit", "action": "exit"},
+    ],
+}
+
+
+@pytest.fixture
+async def engine(pipeline_dir: Path) -> AsyncIterator[AsyncOmni]:
+    engine = await AsyncOmni.create(pipeline=write_pipeline(pipeline_dir, FATAL))
+    yield engine
+    engine.shutdown()
+
+
+async def test_sigkill_fails_every_inflight_request_within_2s(
+    engine: AsyncOmni, record_property: Any
+) -> None:
+    requests = {
+        "kill-talker-1": ("a @hang-talker", ["audio"]),
+        "kill-talker-2": ("b @hang-talker", ["text", "audio"]),
+        "kill-text-1": ("c @hang-text", ["text"]),
+    }
+    tasks = {
+        rid: asyncio.create_task(collect(engine, p, request_id=rid, modalities=mods))
+        for rid, (p, mods) in requests.items()
+    }
+    for rid in ("kill-talker-1", "kill-talker-2"):
+        await wait_for(lambda rid=rid: stage_active(engine, 1, rid))
+    await wait_for(lambda: stage_active(engine, 0, "kill-text-1"))
+
+    talker_pid = engine.stage_pids()[1]
+    assert talker_pid is not None
+    killed_at = time.monotonic()
+    os.kill(talker_pid, signal.SIGKILL)
+    async with asyncio.timeout(2.0):
+        results = await asyncio.gather(*tasks.values(), return_exceptions=True)
+    latency = time.monotonic() - killed_at
+    record_property("sigkill_detection_s", round(latency, 3))
+    print(f"SIGKILL detection latency: {latency:.3f} s")
+
+    for rid, result in zip(tasks, results, strict=True):
+        assert isinstance(result, OmniEngineDeadError), (rid, result)
+        assert isinstance(result, EngineDeadError)
+        assert result.stage_id == 1
+        assert result.details is not None and result.details.fatal
+        assert result.details.request_id == rid
+    assert engine.errored and not engine.is_running
+    assert not engine.should_keep_api_server_alive
+    with pytest.raises(OmniEngineDeadError) as info:
+        await engine.check_health()
+    assert info.value.stage_id == 1
+    # Dead before the request: refused before anything is sent.
+    with pytest.raises(OmniEngineDeadError):
+        await collect(engine, "hello", request_id="after-death")
+    stats = await engine.stage_stats()
+    assert stats[1] is None and stats[0] is not None
+    assert "after-death" not in stats[0]["aborts"] + stats[0]["active"]
+
+
+async def test_exit_fault_is_fatal(engine: AsyncOmni) -> None:
+    bystander = asyncio.create_task(
+        collect(engine, "z @hang-talker", request_id="bystander", modalities=["audio"])
+    )
+    await wait_for(lambda: stage_active(engine, 1, "bystander"))
+    async with asyncio.timeout(2.0):
+        with pytest.raises(OmniEngineDeadError) as info:
+            await collect(engine, "bye @exit", request_id="exit-1")
+        with pytest.raises(OmniEngineDeadError) as other:
+            await bystander
+    assert info.value.stage_id == 0 and other.value.stage_id == 0
+    assert "exited with code 1" in str(info.value)
+    assert engine.errored and engine.dead_error.stage_id == 0  # type: ignore[attr-defined]
+
+
+async def test_a_stage_exits_when_its_orchestrator_is_gone(tmp_path: Path) -> None:
+    """A worker polls the orchestrator's pid (and its parent) and exits when gone."""
+    stand_in = subprocess.Popen(["sleep", "60"])
+    pipeline = load_pipeline("reference")
+    spec = WorkerSpec(
+        stage=pipeline.stages[0],
+        pipeline=pipeline,
+        address=f"ipc://{tmp_path}/nobody.sock",
+        orchestrator_pid=stand_in.pid,
+    )
+    process = mp_context().Process(target=run_stage_process, args=(spec,), daemon=True)
+    await asyncio.to_thread(process.start)
+    try:
+        await asyncio.sleep(0.3)
+        assert process.is_alive()
+        stand_in.kill()
+        stand_in.wait()
+        await asyncio.to_thread(process.join, 3.0)
+        assert not process.is_alive()
+    finally:
+        stand_in.kill()
+        if process.is_alive():
+            process.kill()
+
+
+async def test_remote_stage_over_tcp_and_heartbeat_loss(pipeline_dir: Path) -> None:
+    document = {
+        "model": "omni-remote",
+        "stages": [{"id": 0, "name": "thinker", "kind": "text", "remote": True}],
+    }
+    path = write_pipeline(pipeline_dir, document)
+    engine = AsyncOmni(pipeline=path, transport="tcp", heartbeat_timeout_s=1.5)
+    starting = asyncio.create_task(engine.start())
+    await wait_for(_true_when(lambda: bool(engine.address)))
+    assert engine.address.startswith("tcp://127.0.0.1:")
+    pipeline = load_pipeline(path)
+    spec = WorkerSpec(
+        stage=pipeline.stages[0],
+        pipeline=pipeline,
+        address=engine.address,
+        orchestrator_timeout_s=5.0,
+    )
+    remote = mp_context().Process(target=run_stage_process, args=(spec,), daemon=True)
+    await asyncio.to_thread(remote.start)
+    try:
+        await starting
+        outputs = await collect(engine, "over tcp", request_id="tcp-1")
+        assert outputs[-1].text == "You said: over tcp"
+        remote.kill()
+        start = time.monotonic()
+        await wait_for(_true_when(lambda: engine.errored), timeout_s=3.0)
+        assert time.monotonic() - start < 2.5
+        assert engine.dead_error.stage_id == 0  # type: ignore[attr-defined]
+    finally:
+        engine.shutdown()
+        if remote.is_alive():
+            remote.kill()
+
+
+def _true_when(condition: Any) -> Any:
+    async def check() -> bool:
+        return bool(condition())
+
+    return check

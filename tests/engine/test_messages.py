@@ -1,0 +1,174 @@
+"""Stage wire messages: tagged, tolerant, and readable across versions (§6)."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from vllm_omni.engine import messages as m
+from vllm_omni.errors.details import LEGACY_WIRE_FIELDS, WIRE_FIELDS, OmniErrorDetails
+
+CLIENT = OmniErrorDetails(
+    "max_tokens must be an integer between 1 and 4096",
+    "client",
+    400,
+    "BadRequestError",
+    parameter="max_tokens",
+    request_id="req-1",
+    stage_id=1,
+)
+SERVER = OmniErrorDetails(
+    "The server had an error while processing your request.",
+    "server",
+    500,
+    "InternalServerError",
+    request_id="req-2",
+    stage_id=2,
+)
+FATAL = OmniErrorDetails(
+    "The server had an error while processing your request.",
+    "server",
+    500,
+    "InternalServerError",
+    request_id="req-3",
+    stage_id=0,
+    fatal=True,
+)
+
+
+class LegacyError(msgspec.Struct, tag="error", tag_field="type"):
+    """A 0.30-era receiver: only the legacy flat fields (tolerant by default)."""
+
+    error: str
+    status_code: int
+    error_type: str
+    fatal: bool = False
+    request_id: str | None = None
+    stage_id: int | None = None
+
+
+class StrictLegacyError(LegacyError, forbid_unknown_fields=True):
+    """A 0.30-era receiver that rejects fields it does not know."""
+
+
+@pytest.mark.parametrize(
+    "details", [CLIENT, SERVER, FATAL], ids=["4xx", "5xx", "fatal"]
+)
+def test_error_message_round_trip_keeps_every_field(details: OmniErrorDetails) -> None:
+    decoded = m.decode(m.encode(m.ErrorMessage.from_details(details)))
+    assert isinstance(decoded, m.ErrorMessage)
+    assert decoded.to_details() == details
+
+
+def test_error_message_carries_full_and_legacy_fields_flat() -> None:
+    raw = msgspec.msgpack.decode(m.encode(m.ErrorMessage.from_details(CLIENT)))
+    assert raw["type"] == "error"
+    assert set(raw) == {"type", *WIRE_FIELDS, *LEGACY_WIRE_FIELDS}
+    assert raw["error"] == raw["message"] == CLIENT.message
+    assert raw["category"] == "client" and raw["parameter"] == "max_tokens"
+
+
+@pytest.mark.parametrize(
+    "details", [CLIENT, SERVER, FATAL], ids=["4xx", "5xx", "fatal"]
+)
+def test_legacy_decoder_reads_a_new_error_message(details: OmniErrorDetails) -> None:
+    data = m.encode(m.ErrorMessage.from_details(details))
+    old = msgspec.msgpack.decode(data, type=LegacyError)
+    assert (old.error, old.status_code, old.error_type) == (
+        details.message,
+        details.status_code,
+        details.error_type,
+    )
+    assert (old.fatal, old.request_id, old.stage_id) == (
+        details.fatal,
+        details.request_id,
+        details.stage_id,
+    )
+
+
+def test_legacy_wire_serves_a_strict_legacy_receiver() -> None:
+    message = m.ErrorMessage.from_details(CLIENT)
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.msgpack.decode(m.encode(message), type=StrictLegacyError)
+    legacy = m.encode(message, legacy_wire=True)
+    assert set(msgspec.msgpack.decode(legacy)) == {"type", *LEGACY_WIRE_FIELDS}
+    old = msgspec.msgpack.decode(legacy, type=StrictLegacyError)
+    assert old.error == CLIENT.message and old.status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("status", "error_type", "category"),
+    [
+        (400, "BadRequestError", "client"),
+        (404, "NotFoundError", "client"),
+        (422, "UnprocessableEntityError", "client"),
+        (500, "InternalServerError", "server"),
+        (503, "ServiceUnavailableError", "server"),
+    ],
+)
+def test_new_decoder_reads_a_legacy_error_message(
+    status: int, error_type: str, category: str
+) -> None:
+    legacy = LegacyError(
+        error="legacy text",
+        status_code=status,
+        error_type=error_type,
+        request_id="old-1",
+        stage_id=4,
+    )
+    decoded = m.decode(msgspec.msgpack.encode(legacy))
+    assert isinstance(decoded, m.ErrorMessage)
+    details = decoded.to_details()
+    assert details.category == category  # read by status: the sender did not say
+    assert (details.message, details.status_code, details.error_type) == (
+        "legacy text",
+        status,
+        error_type,
+    )
+    assert (details.request_id, details.stage_id, details.parameter) == (
+        "old-1",
+        4,
+        None,
+    )
+
+
+def test_unknown_fields_are_ignored_and_unknown_types_dropped() -> None:
+    newer = msgspec.msgpack.encode(
+        {
+            "type": "output",
+            "request_id": "r",
+            "stage_id": 1,
+            "finished": True,
+            "payload": {"text": "hi", "future": 1},
+            "trace": {"span": "x"},
+        }
+    )
+    decoded = m.decode(newer)
+    assert isinstance(decoded, m.Output)
+    assert decoded.finished and decoded.payload.text == "hi"
+    assert m.decode(msgspec.msgpack.encode({"type": "telemetry", "x": 1})) is None
+    assert m.decode(b"\xc1 not msgpack") is None
+
+
+def test_malformed_error_becomes_a_safe_server_record() -> None:
+    data = msgspec.msgpack.encode(
+        {
+            "type": "error",
+            "status_code": "four hundred",
+            "request_id": "r-9",
+            "stage_id": 2,
+        }
+    )
+    decoded = m.decode(data)
+    assert isinstance(decoded, m.ErrorMessage)
+    details = decoded.to_details()
+    assert (details.category, details.status_code) == ("server", 500)
+    assert (details.request_id, details.stage_id) == ("r-9", 2)
+
+
+def test_media_travels_as_bytes_in_outputs() -> None:
+    payload = m.Payload(audio=b"RIFF\x00\x01", images=[b"\x89PNG"], video=b"GIF89a")
+    raw = m.encode(m.Output(request_id="r", stage_id=3, payload=payload))
+    decoded = m.decode(raw)
+    assert isinstance(decoded, m.Output) and decoded.payload == payload
+    assert "audio" not in m.ErrorMessage.__struct_fields__

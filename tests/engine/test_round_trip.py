@@ -1,0 +1,175 @@
+"""Every row of the status table survives a real stage process (§3, §6).
+
+A ``raise`` fault makes stage 3 raise an instance of the row's class; the
+record the orchestrator receives must equal ``normalize`` of the same
+instance computed here, and the exception rebuilt from it must follow
+``category`` (client → ``OmniClientError``, fatal → ``OmniEngineDeadError``).
+Fatal rows kill their engine, so each gets its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.engine.engines import collect, write_pipeline
+from vllm_omni.config import FaultConfig
+from vllm_omni.engine.faults import build_exception
+from vllm_omni.entrypoints.async_omni import AsyncOmni
+from vllm_omni.errors import (
+    OmniClientError,
+    OmniEngineDeadError,
+    OmniEngineGenerateError,
+    OmniServerError,
+    VLLMError,
+    normalize,
+)
+from vllm_omni.errors.table import STATUS_TABLE
+
+pytestmark = pytest.mark.timeout(60)
+
+STAGE = 3
+# Constructor arguments where the message alone is not enough (or not accepted).
+ARGS: dict[str, tuple[list[Any], dict[str, Any]]] = {
+    "VLLMValidationError": (["max_tokens is too large"], {"parameter": "max_tokens"}),
+    "VLLMUnprocessableEntityError": (
+        ["image cannot be decoded"],
+        {"parameter": "image"},
+    ),
+    "GuardrailViolationError": (["blocked"], {"parameter": "messages"}),
+    "OmniClientError": (
+        ["too large"],
+        {"status_code": 413, "error_type": "PayloadTooLarge"},
+    ),
+    "OmniServerError": (
+        ["upstream down"],
+        {"status_code": 502, "error_type": "BadGateway"},
+    ),
+    "GracefulHTTPError": (["slow down"], {"http_status": 429}),
+    "OmniStageTimeoutError": (["stage too slow"], {"stage_id": 1}),
+    "EngineDeadError": ([], {}),
+    "OmniEngineDeadError": ([], {}),
+    "Exception": (["secret at /etc/passwd"], {}),
+}
+
+
+def _spec(exc_type: type[BaseException]) -> FaultConfig:
+    module = "builtins" if exc_type.__module__ == "builtins" else exc_type.__module__
+    args, kwargs = ARGS.get(
+        exc_type.__name__, ([f"{exc_type.__name__} in a stage"], {})
+    )
+    return FaultConfig(
+        stage=STAGE,
+        marker=f"@{exc_type.__name__}",
+        action="raise",
+        exception=f"{module}:{exc_type.__qualname__}",
+        args=tuple(args),
+        kwargs=kwargs,
+    )
+
+
+ROWS = [_spec(row.exc_type) for row in STATUS_TABLE]
+FATAL = [s for s in ROWS if normalize(build_exception(s)).fatal]
+NONFATAL = [s for s in ROWS if s not in FATAL]
+
+
+def _document(faults: list[FaultConfig]) -> dict[str, Any]:
+    return {
+        "model": "omni-round-trip",
+        "stages": [{"id": STAGE, "name": "thinker", "kind": "text"}],
+        "faults": [
+            {
+                "stage": f.stage,
+                "marker": f.marker,
+                "action": f.action,
+                "exception": f.exception,
+                "args": list(f.args),
+                "kwargs": dict(f.kwargs),
+            }
+            for f in faults
+        ],
+    }
+
+
+def _expected_class(record: Any) -> type[VLLMError]:
+    if record.category == "client":
+        return OmniClientError
+    if record.fatal:
+        return OmniEngineDeadError
+    if record.error_type == "InternalServerError":
+        return OmniEngineGenerateError
+    return OmniServerError
+
+
+def test_every_table_row_is_covered() -> None:
+    assert len(ROWS) == len(STATUS_TABLE) and FATAL and NONFATAL
+    for spec in ROWS:
+        assert isinstance(build_exception(spec), _resolve(spec.exception))
+
+
+def _resolve(name: str | None) -> type:
+    module, _, attr = (name or "").rpartition(":")
+    return getattr(
+        builtins if module == "builtins" else __import__(module, fromlist=[attr]), attr
+    )
+
+
+@pytest.fixture(scope="module")
+async def engine(pipeline_dir: Path) -> Any:
+    engine = await AsyncOmni.create(
+        pipeline=write_pipeline(pipeline_dir, _document(NONFATAL))
+    )
+    yield engine
+    engine.shutdown()
+
+
+@pytest.mark.parametrize("spec", NONFATAL, ids=lambda s: s.marker[1:])
+async def test_nonfatal_row_round_trips(engine: AsyncOmni, spec: FaultConfig) -> None:
+    request_id = f"rt-{spec.marker[1:]}"
+    with pytest.raises(VLLMError) as info:
+        await collect(engine, f"please {spec.marker}", request_id=request_id)
+    expected = normalize(build_exception(spec), request_id=request_id, stage_id=STAGE)
+    assert info.value.details == expected  # type: ignore[attr-defined]
+    assert type(info.value) is _expected_class(expected)
+    assert not engine.errored
+
+
+@pytest.mark.parametrize("spec", FATAL, ids=lambda s: s.marker[1:])
+async def test_fatal_row_round_trips_and_kills_the_engine(
+    pipeline_dir: Path, spec: FaultConfig
+) -> None:
+    engine = await AsyncOmni.create(
+        pipeline=write_pipeline(pipeline_dir, _document([spec]))
+    )
+    try:
+        pid = engine.stage_pids()[STAGE]
+        request_id = f"rt-{spec.marker[1:]}"
+        with pytest.raises(OmniEngineDeadError) as info:
+            await collect(engine, f"please {spec.marker}", request_id=request_id)
+        expected = normalize(
+            build_exception(spec), request_id=request_id, stage_id=STAGE
+        )
+        assert expected.fatal
+        assert info.value.details == expected
+        assert info.value.stage_id == STAGE
+        await _exited(pid)
+        await asyncio.sleep(0.3)
+        assert engine.errored and engine.dead_error.stage_id == STAGE  # type: ignore[attr-defined]
+    finally:
+        engine.shutdown()
+
+
+async def _exited(pid: int | None, timeout_s: float = 5.0) -> None:
+    assert pid is not None
+    for _ in range(int(timeout_s / 0.05)):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"stage process {pid} did not exit")

@@ -1,0 +1,267 @@
+"""The ``vllm`` stage backend against a fake ``AsyncLLM`` raising upstream's classes.
+
+Each case runs the stage as the stage worker does: iterate ``generate``,
+``normalize`` what it raises with the request and stage ids, then rebuild the
+exception the orchestrator would (``to_exception``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from vllm.exceptions import GenerationError, VLLMValidationError
+from vllm.outputs import (
+    CompletionOutput,
+    PoolingRequestOutput,
+    RequestError,
+    RequestOutput,
+)
+from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+
+from vllm_omni.config import StageConfig, pipeline_from_mapping
+from vllm_omni.engine.messages import Payload, Submit
+from vllm_omni.errors import (
+    OmniClientError,
+    OmniEngineDeadError,
+    OmniEngineGenerateError,
+    OmniServerError,
+    normalize,
+    to_exception,
+)
+from vllm_omni.errors.details import OmniErrorDetails
+from vllm_omni.stages.vllm_backend import VLLMStage
+
+STAGE_ID = 4
+ENGINE_ARGS = {"model": "facebook/opt-125m"}
+
+
+def completion(text: str, finish_reason: str | None = None) -> RequestOutput:
+    return RequestOutput(
+        request_id="r",
+        prompt="p",
+        prompt_token_ids=[1],
+        prompt_logprobs=None,
+        outputs=[
+            CompletionOutput(
+                index=0,
+                text=text,
+                token_ids=[2],
+                cumulative_logprob=None,
+                logprobs=None,
+                finish_reason=finish_reason,
+            )
+        ],
+        finished=finish_reason is not None,
+    )
+
+
+def failed_output(error: RequestError) -> PoolingRequestOutput[Any]:
+    return PoolingRequestOutput(
+        request_id="r",
+        outputs=None,
+        prompt_token_ids=[1],
+        num_cached_tokens=0,
+        finished=True,
+        error=error,
+    )
+
+
+class FakeAsyncLLM:
+    """Yields scripted outputs; an exception in the script is raised there."""
+
+    def __init__(self, script: list[Any]) -> None:
+        self.script = script
+        self.closed = False
+        self.sampling_params: Any = None
+        self.was_shut_down = False
+
+    async def generate(
+        self, prompt: str, sampling_params: Any, request_id: str
+    ) -> AsyncIterator[Any]:
+        self.sampling_params = sampling_params
+        try:
+            for step in self.script:
+                if isinstance(step, BaseException):
+                    raise step
+                yield step
+        except GeneratorExit:
+            self.closed = True  # AsyncLLM aborts the request here
+            raise
+
+    def shutdown(self) -> None:
+        self.was_shut_down = True
+
+
+def make_stage(
+    script: list[Any], engine_args: Any = ENGINE_ARGS
+) -> tuple[VLLMStage, list]:
+    built: list[FakeAsyncLLM] = []
+
+    def factory(args: dict[str, Any]) -> FakeAsyncLLM:
+        assert args == ENGINE_ARGS
+        built.append(FakeAsyncLLM(script))
+        return built[0]
+
+    config = StageConfig(STAGE_ID, "gpu", "vllm", options={"engine_args": engine_args})
+    pipeline = pipeline_from_mapping(
+        {"model": "m", "stages": [{"id": STAGE_ID, "kind": "vllm"}]}
+    )
+    return VLLMStage(config, pipeline, engine_factory=factory), built
+
+
+async def run_like_the_worker(
+    stage: VLLMStage, params: dict[str, Any] | None = None
+) -> tuple[list[Payload], OmniErrorDetails | None]:
+    chunks: list[Payload] = []
+    try:
+        request = Submit(request_id="req-7", prompt="hello", params=params or {})
+        async for chunk in stage.generate(request):
+            chunks.append(chunk)
+    except Exception as exc:
+        return chunks, normalize(exc, request_id="req-7", stage_id=STAGE_ID)
+    return chunks, None
+
+
+async def test_streams_deltas_and_builds_the_engine_lazily() -> None:
+    stage, built = make_stage([completion("Hel"), completion("lo", "stop")])
+    assert not built
+    await stage.start()
+    chunks, error = await run_like_the_worker(stage, {"max_tokens": 5, "seed": 1})
+    assert error is None
+    assert [c.text for c in chunks] == ["Hel", "lo"]
+    assert chunks[-1].meta == {"finish_reason": "stop"}
+    sampling = built[0].sampling_params
+    assert (sampling.max_tokens, sampling.seed) == (5, 1)
+    await stage.shutdown()
+    assert built[0].was_shut_down
+
+
+@pytest.mark.parametrize(
+    ("raised", "status", "error_type", "fatal", "rebuilt"),
+    [
+        (
+            EngineGenerateError(),
+            500,
+            "InternalServerError",
+            False,
+            OmniEngineGenerateError,
+        ),
+        (EngineDeadError(), 500, "InternalServerError", True, OmniEngineDeadError),
+        (
+            GenerationError("boom"),
+            500,
+            "InternalServerError",
+            False,
+            OmniEngineGenerateError,
+        ),
+    ],
+    ids=["generate-error", "dead", "generation-error"],
+)
+async def test_engine_errors(
+    raised: BaseException, status: int, error_type: str, fatal: bool, rebuilt: type
+) -> None:
+    stage, _ = make_stage([completion("partial"), raised])
+    chunks, details = await run_like_the_worker(stage)
+    assert [c.text for c in chunks] == ["partial"]
+    assert details is not None
+    assert (details.category, details.status_code, details.error_type) == (
+        "server",
+        status,
+        error_type,
+    )
+    assert details.fatal is fatal and details.stage_id == STAGE_ID
+    assert details.request_id == "req-7"
+    exc = to_exception(details)
+    assert type(exc) is rebuilt and exc.stage_id == STAGE_ID  # type: ignore[attr-defined]
+
+
+async def test_validation_error_is_a_client_400_with_parameter() -> None:
+    raised = VLLMValidationError(
+        "max_tokens too large", parameter="max_tokens", value=10**9
+    )
+    stage, _ = make_stage([raised])
+    _, details = await run_like_the_worker(stage)
+    assert details is not None
+    assert (details.category, details.status_code, details.parameter) == (
+        "client",
+        400,
+        "max_tokens",
+    )
+    assert str(10**9) not in details.message
+    assert isinstance(to_exception(details), OmniClientError)
+
+
+async def test_stage_parameter_validation_before_the_engine() -> None:
+    stage, built = make_stage([completion("never")])
+    _, details = await run_like_the_worker(stage, {"temperature": -1})
+    assert details is not None and details.parameter == "temperature"
+    assert built and built[0].sampling_params is None
+
+
+@pytest.mark.parametrize(
+    ("error", "category", "status", "error_type"),
+    [
+        (
+            RequestError("validation_error", "prompt too long"),
+            "client",
+            400,
+            "BadRequestError",
+        ),
+        (
+            RequestError("busy", "try later", retryable=True),
+            "server",
+            503,
+            "ServiceUnavailableError",
+        ),
+        (
+            RequestError("internal", "kernel failed"),
+            "server",
+            500,
+            "InternalServerError",
+        ),
+    ],
+    ids=["validation", "retryable", "generation"],
+)
+async def test_request_error_on_an_output(
+    error: RequestError, category: str, status: int, error_type: str
+) -> None:
+    stage, _ = make_stage([failed_output(error)])
+    _, details = await run_like_the_worker(stage)
+    assert details is not None
+    assert (details.category, details.status_code, details.error_type) == (
+        category,
+        status,
+        error_type,
+    )
+    assert details.stage_id == STAGE_ID and details.request_id == "req-7"
+    rebuilt = to_exception(details)
+    assert isinstance(
+        rebuilt,
+        OmniClientError
+        if category == "client"
+        else (OmniServerError, OmniEngineGenerateError),
+    )
+
+
+async def test_error_finish_reason_is_a_generation_error() -> None:
+    stage, _ = make_stage([completion("x", "error")])
+    _, details = await run_like_the_worker(stage)
+    assert details is not None and details.status_code == 500 and not details.fatal
+
+
+async def test_cancelling_closes_the_upstream_stream() -> None:
+    stage, built = make_stage(
+        [completion("a"), completion("b"), completion("c", "stop")]
+    )
+    stream = stage.generate(Submit(request_id="req-8", prompt="p"))
+    assert (await anext(stream)).text == "a"
+    await stream.aclose()
+    assert built[0].closed
+
+
+def test_engine_args_need_a_model() -> None:
+    with pytest.raises(VLLMValidationError) as info:
+        make_stage([], engine_args={})
+    assert info.value.parameter == f"stages[{STAGE_ID}].options.engine_args"
