@@ -102,3 +102,22 @@ def test_import_time_log_has_no_heavy_module() -> None:
     }
     assert done.returncode == 0
     assert imported.isdisjoint(HEAVY_MODULES)
+
+
+def test_bad_files_are_findings_and_the_rest_is_audited(
+    run_cli: RunCli, tmp_path: Path
+) -> None:
+    root = tmp_path / "mixed"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "latin.py").write_bytes(b'name = "caf\xe9"\n')
+    (root / "pkg" / "broken.py").write_text("def f(:\n")
+    (root / "pkg" / "ok.py").write_text("raise TypeError('x')\n")
+    done = run_cli(str(root), "--format", "json")
+    report = json.loads(done.stdout)
+    found = sorted((Path(f["path"]).name, f["rule"]) for f in report["findings"])
+    assert done.returncode == 1
+    assert found == [
+        ("broken.py", "OMNI000"),
+        ("latin.py", "OMNI000"),
+        ("ok.py", "OMNI001"),
+    ]
