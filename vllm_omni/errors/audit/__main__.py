@@ -6,4 +6,7 @@ import sys
 
 from vllm_omni.errors.audit.cli import main
 
-sys.exit(main())
+# Guarded: spawn and forkserver workers of the process pool import the main
+# module again (as __mp_main__), and must not start another audit.
+if __name__ == "__main__":
+    sys.exit(main())
