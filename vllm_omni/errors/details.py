@@ -43,7 +43,14 @@ WIRE_FIELDS = (
     "stage_id",
     "fatal",
 )
-LEGACY_WIRE_FIELDS = ("error", "status_code", "error_type", "fatal", "request_id", "stage_id")
+LEGACY_WIRE_FIELDS = (
+    "error",
+    "status_code",
+    "error_type",
+    "fatal",
+    "request_id",
+    "stage_id",
+)
 
 
 def _is_int(value: object) -> bool:
@@ -74,7 +81,9 @@ class OmniErrorDetails:
             return f"category must be 'client' or 'server', got {self.category!r}"
         if not _is_int(self.status_code) or self.status_code not in status_range:
             return f"a {self.category} error needs a status in {status_range}"
-        if not isinstance(self.fatal, bool) or (self.fatal and self.category != "server"):
+        if not isinstance(self.fatal, bool) or (
+            self.fatal and self.category != "server"
+        ):
             return "fatal must be a bool and only a server error can be fatal"
         if not isinstance(self.error_type, str) or not _ERROR_TYPE_RE.fullmatch(
             self.error_type
@@ -88,7 +97,9 @@ class OmniErrorDetails:
             return "parameter must be a plain field path"
         if self.request_id is not None and sanitize_request_id(self.request_id) is None:
             return "request_id must be a short token"
-        if self.stage_id is not None and not (_is_int(self.stage_id) and self.stage_id >= 0):
+        if self.stage_id is not None and not (
+            _is_int(self.stage_id) and self.stage_id >= 0
+        ):
             return "stage_id must be a non-negative int"
         return None
 
@@ -132,11 +143,14 @@ class OmniErrorDetails:
         """
         if not isinstance(data, dict):
             return cls(GENERIC_SERVER_MESSAGE, "server", 500, "InternalServerError")
-        request_id = sanitize_request_id(data.get("request_id"))
-        stage_id = data.get("stage_id")
-        if not (_is_int(stage_id) and stage_id >= 0):
-            stage_id = None
+        request_id: str | None = None
+        stage_id: int | None = None
         try:
+            # Inside the try: even a key lookup can raise (a key whose __eq__
+            # raises and whose hash collides with one of ours).
+            request_id = sanitize_request_id(data.get("request_id"))
+            stage = data.get("stage_id")
+            stage_id = stage if _is_int(stage) and stage >= 0 else None
             return _read_wire(data, request_id, stage_id)
         except Exception:
             return cls(

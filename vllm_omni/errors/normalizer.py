@@ -72,7 +72,11 @@ def _own_text(exc: BaseException) -> str:
 
 def _stage_of(exc: BaseException, fallback: int | None) -> int | None:
     for candidate in (_attr(exc, "stage_id"), fallback):
-        if isinstance(candidate, int) and not isinstance(candidate, bool) and candidate >= 0:
+        if (
+            isinstance(candidate, int)
+            and not isinstance(candidate, bool)
+            and candidate >= 0
+        ):
             return candidate
     return None
 
@@ -162,7 +166,7 @@ def normalize(
             500,
             "InternalServerError",
             request_id=request_id,
-            stage_id=stage_id if isinstance(stage_id, int) and stage_id >= 0 else None,
+            stage_id=stage_id if type(stage_id) is int and stage_id >= 0 else None,
         )
 
 

@@ -24,6 +24,7 @@ __all__ = [
     "http_error_response",
     "job_error",
     "sse_error_events",
+    "websocket_denial",
     "ws_close_code",
     "ws_error_event",
 ]
@@ -103,3 +104,32 @@ def job_error(details: OmniErrorDetails) -> dict[str, Any]:
     """The error object an async job stores and later returns unchanged."""
     record_error("job", details)
     return error_object(details)
+
+
+def websocket_denial(
+    details: OmniErrorDetails, *, with_body: bool
+) -> list[dict[str, Any]]:
+    """ASGI messages refusing a WebSocket handshake.
+
+    With the ``websocket.http.response`` extension the client gets the
+    canonical status and body, as for HTTP; without it, the best a server can
+    do before accept is a close frame with the transport's close code.
+    """
+    record_error("websocket", details)
+    if not with_body:
+        return [{"type": "websocket.close", "code": ws_close_code(details)}]
+    headers = [(b"content-type", b"application/json")]
+    if details.request_id:
+        headers.append((b"x-request-id", details.request_id.encode()))
+    return [
+        {
+            "type": "websocket.http.response.start",
+            "status": details.status_code,
+            "headers": headers,
+        },
+        {
+            "type": "websocket.http.response.body",
+            "body": _json(error_body(details)),
+            "more_body": False,
+        },
+    ]

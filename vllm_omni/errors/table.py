@@ -52,7 +52,10 @@ MessagePolicy = Literal["own", "generic", "fixed"]
 
 STATUS_RANGES: dict[str, range] = {"client": range(400, 500), "server": range(500, 600)}
 DEFAULT_STATUS: dict[str, int] = {"client": 400, "server": 500}
-DEFAULT_TYPE: dict[str, str] = {"client": "BadRequestError", "server": "InternalServerError"}
+DEFAULT_TYPE: dict[str, str] = {
+    "client": "BadRequestError",
+    "server": "InternalServerError",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +103,11 @@ def _omni(
 STATUS_TABLE: tuple[StatusRow, ...] = (
     # -- client (upstream) ----------------------------------------------------
     StatusRow(
-        VLLMValidationError, "client", 400, "BadRequestError", parameter_attr="parameter"
+        VLLMValidationError,
+        "client",
+        400,
+        "BadRequestError",
+        parameter_attr="parameter",
     ),
     StatusRow(
         VLLMUnprocessableEntityError,
@@ -136,7 +143,9 @@ STATUS_TABLE: tuple[StatusRow, ...] = (
         GenerationError, "server", 500, "InternalServerError", status_attr="status_code"
     ),
     StatusRow(EngineGenerateError, "server", 500, "InternalServerError"),
-    StatusRow(EngineDeadError, "server", 500, "InternalServerError", "fixed", fatal=True),
+    StatusRow(
+        EngineDeadError, "server", 500, "InternalServerError", "fixed", fatal=True
+    ),
     StatusRow(VLLMServerError, "server", 500, "InternalServerError"),
     # -- server (Omni) --------------------------------------------------------
     _omni(OmniEngineGenerateError, "server"),
@@ -184,6 +193,26 @@ LEGACY_FALLBACKS: tuple[StatusRow, ...] = (
         legacy_fallback=True,
     ),
 )
+
+# Public types for statuses that the web framework itself produces (unknown
+# route, wrong method, …) and for explicit compat statuses; names follow the
+# OpenAI SDK's exception classes.
+HTTP_STATUS_TYPES: dict[int, str] = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    403: "PermissionDeniedError",
+    404: "NotFoundError",
+    405: "MethodNotAllowedError",
+    409: "ConflictError",
+    413: "RequestTooLargeError",
+    415: "UnsupportedMediaTypeError",
+    422: "UnprocessableEntityError",
+    429: "RateLimitError",
+    500: "InternalServerError",
+    501: "NotImplementedError",
+    503: "ServiceUnavailableError",
+    504: "GatewayTimeoutError",
+}
 
 _BY_TYPE: dict[type[BaseException], StatusRow] = {r.exc_type: r for r in STATUS_TABLE}
 _LEGACY_BY_TYPE: dict[type[BaseException], StatusRow] = {

@@ -69,6 +69,7 @@ __all__ = [
     "VLLMValidationError",
 ]
 
+
 class _StatusOnClass:
     """Mixin: an Omni type whose status and public type are fixed class data."""
 

@@ -1,0 +1,107 @@
+"""Helpers for end-to-end tests: free loopback ports, uvicorn in a thread,
+Prometheus text parsed with ``prometheus_client.parser``."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
+from starlette.types import ASGIApp
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def serve_in_thread(app: ASGIApp, *, timeout: float = 20.0) -> Iterator[str]:
+    """Run ``app`` under real uvicorn on a free loopback port; yield its URL."""
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def wait_until_up(url: str, *, path: str = "/v1/ok", timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + path, timeout=1.0).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def metric_samples(
+    base_url: str,
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """All samples of ``/metrics``, keyed by (sample name, sorted labels)."""
+    text = httpx.get(base_url + "/metrics", timeout=5.0).text
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def sample_delta(
+    before: dict[tuple[str, tuple[tuple[str, str], ...]], float],
+    after: dict[tuple[str, tuple[tuple[str, str], ...]], float],
+    name: str,
+    **labels: str,
+) -> float:
+    """Sum of the growth of every sample named ``name`` matching ``labels``."""
+    total = 0.0
+    for key, value in after.items():
+        sample_name, sample_labels = key
+        if sample_name != name:
+            continue
+        present = dict(sample_labels)
+        if all(present.get(k) == v for k, v in labels.items()):
+            total += value - before.get(key, 0.0)
+    return total
+
+
+def settled_samples(
+    base_url: str,
+    before: dict[tuple[str, tuple[tuple[str, str], ...]], float],
+    name: str,
+    expected: float,
+    *,
+    timeout: float = 3.0,
+    **labels: str,
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Metrics once ``name{labels}`` grew by ``expected`` (or the timeout passed).
+
+    The instrumentator counts a request after its response is sent, so a
+    client can read ``/metrics`` a moment before the count lands.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        after = metric_samples(base_url)
+        grown = sample_delta(before, after, name, **labels)
+        if grown >= expected or time.monotonic() > deadline:
+            return after
+        time.sleep(0.02)

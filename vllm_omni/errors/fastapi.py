@@ -1,0 +1,329 @@
+"""The HTTP error boundary: one place where every HTTP/WebSocket failure renders.
+
+Layers, outermost first, as Starlette builds them::
+
+    ServerErrorMiddleware   ← our Exception handler: last resort for failures
+                              in *other* middlewares (outside the metrics)
+    user middleware …       ← Prometheus instrumentator, CORS, …
+    ErrorBoundary           ← ours, always the LAST user middleware
+    ExceptionMiddleware     ← our framework handlers: 404, 405, validation
+    router / routes
+
+Why the order matters: Starlette sends a handler for ``Exception`` to
+``ServerErrorMiddleware``, outside every user middleware, so the
+instrumentator would record a 500 whatever the client got (vLLM PR #44303).
+``ErrorBoundary`` is a pure ASGI callable appended to the *end* of
+``app.user_middleware``; ``add_middleware`` inserts at the front, so the
+boundary stays innermost whatever is added before or after it, and every
+route exception is rendered *inside* the instrumentator, which then records
+the status the client really got. Framework errors are raised inside
+``ExceptionMiddleware`` and rendered by handlers registered there, also inside.
+
+The boundary owns: request ids, logging (5xx with traceback, 4xx at INFO),
+legacy-fallback accounting, and stage-aware termination on engine death. It
+renders only through ``vllm_omni.errors.render``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.datastructures import MutableHeaders
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware import Middleware
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from vllm_omni.errors.details import OmniErrorDetails
+from vllm_omni.errors.metrics import RAW_FALLBACKS_TOTAL
+from vllm_omni.errors.normalizer import Mode, is_legacy_fallback, normalize
+from vllm_omni.errors.render import (
+    REQUEST_ID_HEADER,
+    http_error_response,
+    websocket_denial,
+)
+from vllm_omni.errors.sanitize import sanitize_parameter, sanitize_request_id
+from vllm_omni.errors.table import HTTP_STATUS_TYPES, row_for
+from vllm_omni.errors.types import (
+    EngineDeadError,
+    EngineGenerateError,
+    OmniClientError,
+    OmniServerError,
+    VLLMValidationError,
+)
+
+__all__ = [
+    "ErrorBoundary",
+    "details_for_exception",
+    "install_error_handling",
+    "request_id_of",
+]
+
+logger = logging.getLogger("vllm_omni.errors")
+
+_MODES: tuple[Mode, ...] = ("strict", "legacy")
+_MAX_VALIDATION_ITEMS = 5
+_MAX_FALLBACK_SITES = 4096
+
+
+def request_id_of(request: Request) -> str:
+    """The id the boundary assigned to this request (routes pass it on)."""
+    request_id = getattr(request.state, "request_id", None)
+    return request_id if isinstance(request_id, str) else uuid.uuid4().hex
+
+
+def _incoming_request_id(scope: Scope) -> str:
+    for name, value in scope.get("headers", ()):
+        if name == b"x-request-id":
+            accepted = sanitize_request_id(value.decode("latin-1"))
+            if accepted is not None:
+                return accepted
+            break
+    return uuid.uuid4().hex
+
+
+def _raise_site(exc: BaseException) -> str:
+    tb = exc.__traceback__
+    if tb is None:
+        return "<unknown>"
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
+
+
+class _FallbackLog:
+    """Counts legacy fallback hits; logs each raise site once (bounded)."""
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def hit(self, exc: BaseException, details: OmniErrorDetails) -> None:
+        label = row_for(type(exc), True).exc_type.__name__
+        RAW_FALLBACKS_TOTAL.labels(label).inc()
+        site = _raise_site(exc)
+        with self._lock:
+            if site in self._seen or len(self._seen) >= _MAX_FALLBACK_SITES:
+                return
+            self._seen.add(site)
+        logger.warning(
+            "legacy fallback: raw %s raised at %s rendered as %d %s "
+            "(request %s); migrate it to a semantic vllm_omni.errors type",
+            label,
+            site,
+            details.status_code,
+            details.error_type,
+            details.request_id,
+        )
+
+
+_FALLBACKS = _FallbackLog()
+
+
+def _log(exc: BaseException | None, details: OmniErrorDetails) -> None:
+    if details.category == "server":
+        logger.error(
+            "request %s failed with %d %s: %s",
+            details.request_id,
+            details.status_code,
+            details.error_type,
+            type(exc).__name__ if exc is not None else "framework error",
+            exc_info=(type(exc), exc, exc.__traceback__) if exc is not None else None,
+        )
+    else:
+        logger.info(
+            "request %s rejected with %d %s",
+            details.request_id,
+            details.status_code,
+            details.error_type,
+        )
+
+
+def _terminate_if_errored(
+    app: Any, exc: BaseException, details: OmniErrorDetails
+) -> None:
+    """Stage-aware ``terminate_if_errored``: upstream's rule, our log line."""
+    state = getattr(app, "state", None)
+    server = getattr(state, "server", None)
+    engine = getattr(state, "engine_client", None)
+    if engine is None:
+        return
+    if isinstance(exc, EngineDeadError) or details.fatal:
+        logger.critical(
+            "engine dead: stage %s failed fatally (request %s); %s",
+            details.stage_id if details.stage_id is not None else "unknown",
+            details.request_id,
+            "keeping the API server alive"
+            if _keep_alive(engine)
+            else "shutting the API server down",
+        )
+    if server is None:
+        return
+    from vllm.entrypoints.launchers.launcher import terminate_if_errored
+
+    terminate_if_errored(server=server, engine=engine)
+
+
+def _keep_alive(engine: Any) -> bool:
+    import vllm.envs as envs
+
+    return bool(
+        envs.VLLM_KEEP_ALIVE_ON_ENGINE_DEATH
+        or getattr(engine, "should_keep_api_server_alive", False)
+    )
+
+
+def details_for_exception(
+    exc: BaseException, *, request_id: str | None, mode: Mode = "strict"
+) -> OmniErrorDetails:
+    """Normalize, then account: fallback counter and log. Never raises."""
+    details = normalize(exc, request_id=request_id, mode=mode)
+    if mode == "legacy" and is_legacy_fallback(exc):
+        _FALLBACKS.hit(exc, details)
+    _log(exc, details)
+    return details
+
+
+class ErrorBoundary:
+    """Pure ASGI middleware: render any escaping exception as the canonical error."""
+
+    def __init__(self, app: ASGIApp, mode: Mode = "strict") -> None:
+        self.app = app
+        self.mode = mode
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        request_id = _incoming_request_id(scope)
+        scope.setdefault("state", {})["request_id"] = request_id
+        raw_id = request_id.encode()
+        started = False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal started
+            kind = message["type"]
+            if kind == "http.response.start" or kind == "websocket.http.response.start":
+                headers = MutableHeaders(scope=message)
+                if REQUEST_ID_HEADER not in headers:
+                    headers.raw.append((b"x-request-id", raw_id))
+                started = True
+            elif kind == "websocket.accept" or kind == "websocket.close":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception as exc:
+            details = details_for_exception(exc, request_id=request_id, mode=self.mode)
+            if isinstance(exc, (EngineDeadError, EngineGenerateError)):
+                _terminate_if_errored(scope.get("app"), exc, details)
+            if started:
+                # Headers are out: a stream must have rendered its own terminal
+                # event. All that is left is to end the body cleanly.
+                if scope["type"] == "http":
+                    await send(
+                        {"type": "http.response.body", "body": b"", "more_body": False}
+                    )
+                return
+            if scope["type"] == "http":
+                await http_error_response(details)(scope, receive, send)
+            else:
+                await deny_websocket(scope, send, details)
+
+
+async def deny_websocket(scope: Scope, send: Send, details: OmniErrorDetails) -> None:
+    """Refuse a WebSocket handshake with the canonical status and body."""
+    denial_with_body = "websocket.http.response" in scope.get("extensions", {})
+    for message in websocket_denial(details, with_body=denial_with_body):
+        await send(message)
+
+
+# -- framework errors (inside ExceptionMiddleware) ----------------------------
+
+
+def _framework_exception(exc: StarletteHTTPException) -> BaseException:
+    status = exc.status_code
+    error_type = HTTP_STATUS_TYPES.get(status)
+    detail = exc.detail if isinstance(exc.detail, str) else None
+    if status in range(400, 500):
+        return OmniClientError(
+            detail or "Bad Request",
+            status_code=status,
+            error_type=error_type or "BadRequestError",
+        )
+    if status in range(500, 600):
+        return OmniServerError(
+            detail or "Internal Server Error",
+            status_code=status,
+            error_type=error_type or "InternalServerError",
+        )
+    return exc
+
+
+def _validation_exception(exc: RequestValidationError) -> VLLMValidationError:
+    """A 400 that names the first offending field and never echoes input."""
+    errors = exc.errors()
+    parameter: str | None = None
+    parts: list[str] = []
+    for error in errors[:_MAX_VALIDATION_ITEMS]:
+        ctx_error = (error.get("ctx") or {}).get("error")
+        if parameter is None and isinstance(ctx_error, VLLMValidationError):
+            parameter = ctx_error.parameter
+        loc = [str(p) for p in error.get("loc", ()) if p != "body"]
+        field = ".".join(loc) or "body"
+        if parameter is None:
+            parameter = sanitize_parameter(field)
+        parts.append(f"{field}: {error.get('msg', 'invalid value')}")
+    if len(errors) > _MAX_VALIDATION_ITEMS:
+        parts.append(f"and {len(errors) - _MAX_VALIDATION_ITEMS} more")
+    message = "Invalid request: " + "; ".join(parts) if parts else "Invalid request."
+    return VLLMValidationError(message, parameter=parameter)
+
+
+def _framework_handler(
+    convert: Callable[[Any], BaseException],
+) -> Callable[[Request, Exception], Awaitable[Response]]:
+    async def handle(request: Request, exc: Exception) -> Response:
+        mode: Mode = getattr(request.app.state, "error_mode", "strict")
+        details = details_for_exception(
+            convert(exc), request_id=request_id_of(request), mode=mode
+        )
+        return http_error_response(details)
+
+    return handle
+
+
+async def _outer_safety_net(request: Request, exc: Exception) -> Response:
+    """Last resort for failures in middleware outside the boundary."""
+    details = details_for_exception(exc, request_id=request_id_of(request))
+    return http_error_response(details)
+
+
+def install_error_handling(app: FastAPI, *, mode: Mode = "strict") -> None:
+    """Install the boundary, the framework handlers and the outer safety net.
+
+    Idempotent. ``mode="legacy"`` enables upstream's raw-exception fallbacks
+    (``ValueError``/``TypeError``/``OverflowError`` → 400,
+    ``NotImplementedError`` → 501), each hit counted and logged by raise site.
+    """
+    if mode not in _MODES:
+        raise RuntimeError(f"error mode must be one of {_MODES}, got {mode!r}")
+    app.state.error_mode = mode
+    app.user_middleware[:] = [
+        m for m in app.user_middleware if m.cls is not ErrorBoundary
+    ]
+    app.user_middleware.append(Middleware(ErrorBoundary, mode=mode))
+    app.add_exception_handler(
+        StarletteHTTPException, _framework_handler(_framework_exception)
+    )
+    app.add_exception_handler(
+        RequestValidationError, _framework_handler(_validation_exception)
+    )
+    app.add_exception_handler(Exception, _outer_safety_net)
