@@ -540,6 +540,28 @@ def test_out_of_range_declared_status_falls_back_to_the_default() -> None:
     )
 
 
+class _UnhashableMeta(type):
+    """A metaclass that makes its classes unhashable (so no cached row lookup)."""
+
+    def __eq__(cls, other: object) -> bool:
+        return cls is other
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class _UnhashableType(Exception, metaclass=_UnhashableMeta):
+    pass
+
+
+@pytest.mark.parametrize(("stage_id", "kept"), [(2, 2), (True, None), (-1, None)])
+def test_last_resort_record_is_valid(stage_id: Any, kept: int | None) -> None:
+    # Classifying this type fails; the safety-net record must still be valid.
+    record = normalize(_UnhashableType("private"), request_id="r", stage_id=stage_id)
+    assert record == OmniErrorDetails(
+        GENERIC, "server", 500, "InternalServerError", request_id="r", stage_id=kept
+    )
+
+
 # -- to_exception ------------------------------------------------------------------
 
 TO_EXCEPTION_CASES: list[tuple[OmniErrorDetails, type[VLLMError]]] = [
@@ -850,8 +872,9 @@ def assert_valid(record: OmniErrorDetails) -> None:
     assert record.message == sanitize_message(record.message)
     assert len(record.message) <= 1024
     assert record.parameter is None or PARAMETER_RE.match(record.parameter)
-    assert record.stage_id is None or (
-        type(record.stage_id) is int and record.stage_id >= 0
+    stage_id = record.stage_id
+    assert stage_id is None or (
+        isinstance(stage_id, int) and not isinstance(stage_id, bool) and stage_id >= 0
     )
     wire = record.to_wire()
     assert OmniErrorDetails.from_wire(json.loads(json.dumps(wire))) == record
