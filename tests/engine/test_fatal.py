@@ -168,3 +168,28 @@ def _true_when(condition: Any) -> Any:
         return bool(condition())
 
     return check
+
+
+async def test_a_stage_that_cannot_start_fails_the_start(pipeline_dir: Path) -> None:
+    document = {
+        "model": "omni-broken",
+        "stages": [
+            {"id": 0, "name": "thinker", "kind": "text"},
+            {"id": 7, "name": "gpu", "kind": "vllm", "options": {"engine_args": {}}},
+        ],
+    }
+    engine = AsyncOmni(pipeline=write_pipeline(pipeline_dir, document))
+    with pytest.raises(OmniEngineDeadError) as info:
+        await engine.start()
+    assert info.value.stage_id == 7 and info.value.details is not None
+    assert info.value.details.fatal
+    assert engine.errored and not engine.is_running
+    assert all(pid is None or not _alive(pid) for pid in engine.stage_pids().values())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -291,6 +291,9 @@ class Orchestrator:
         )
         for task in self._tasks:
             task.cancel()
+        for handle in self._handles.values():
+            if handle.ready.done() and not handle.ready.cancelled():
+                handle.ready.exception()  # retrieved: a failed start already raised
         deadline = time.monotonic() + timeout_s
         for handle in self._handles.values():
             if handle.process is not None:

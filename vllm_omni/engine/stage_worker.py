@@ -45,7 +45,6 @@ from vllm_omni.config import PipelineConfig, StageConfig, load_pipeline
 from vllm_omni.engine import messages as m
 from vllm_omni.engine.faults import apply_fault, matching_fault
 from vllm_omni.errors import OmniEngineDeadError, normalize
-from vllm_omni.errors.details import OmniErrorDetails
 from vllm_omni.stages import build_stage
 from vllm_omni.stages.base import Stage
 
@@ -107,6 +106,9 @@ class StageWorker:
         self._socket: zmq.asyncio.Socket | None = None
         self._stage: Stage | None = None
         self._exit_code = 0
+        # Nobody waits for a stopping stage's heartbeats: close at once,
+        # unless a fatal record is on its way out.
+        self._linger_ms = 0
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -115,20 +117,44 @@ class StageWorker:
         self._context = zmq.asyncio.Context()
         self._socket = self._context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.IDENTITY, stage_identity(self.stage_id))
-        self._socket.setsockopt(zmq.LINGER, _EXIT_LINGER_MS)
         self._socket.connect(self.spec.address)
         stop = asyncio.Event()
         with contextlib.suppress(NotImplementedError, RuntimeError):
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        # Watch from the start: building a stage (loading weights) can take long.
+        loops = [asyncio.create_task(self._watch_orchestrator(stop))]
         try:
-            self._stage = build_stage(self.spec.stage, self.spec.pipeline)
-            await self._stage.start()
-        except Exception as exc:
-            logger.exception("stage %d failed to start", self.stage_id)
-            reason = f"stage failed to start: {type(exc).__name__}"
+            if not await self._start_stage(stop):
+                return self._exit_code
+            loops.append(asyncio.create_task(self._receive(stop)))
+            loops.append(asyncio.create_task(self._heartbeat()))
+            await stop.wait()
+        finally:
+            for task in [*loops, *self._tasks.values()]:
+                task.cancel()
+            await asyncio.gather(*loops, *self._tasks.values(), return_exceptions=True)
+            if self._stage is not None:
+                with contextlib.suppress(Exception):
+                    await self._stage.shutdown()
+        return self._exit_code
+
+    async def _start_stage(self, stop: asyncio.Event) -> bool:
+        """Build and start the stage, then announce it; False if it never will."""
+        starting = asyncio.create_task(self._build_stage())
+        stopping = asyncio.create_task(stop.wait())
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if not starting.done():
+            starting.cancel()
+            return False
+        error = starting.exception()
+        if error is not None:
+            logger.error("stage %d failed to start", self.stage_id, exc_info=error)
+            reason = f"stage failed to start: {type(error).__name__}"
             dead = OmniEngineDeadError(stage_id=self.stage_id, reason=reason)
             await self._send(m.ErrorMessage.from_details(normalize(dead)))
-            return 1
+            self._exit_code, self._linger_ms = 1, _EXIT_LINGER_MS
+            return False
         await self._send(
             m.Ready(
                 stage_id=self.stage_id,
@@ -137,24 +163,17 @@ class StageWorker:
                 version=__version__,
             )
         )
-        loops = [
-            asyncio.create_task(self._receive(stop)),
-            asyncio.create_task(self._heartbeat()),
-            asyncio.create_task(self._watch_orchestrator(stop)),
-        ]
-        try:
-            await stop.wait()
-        finally:
-            for task in [*loops, *self._tasks.values()]:
-                task.cancel()
-            await asyncio.gather(*loops, *self._tasks.values(), return_exceptions=True)
-            with contextlib.suppress(Exception):
-                await self._stage.shutdown()
-        return self._exit_code
+        return True
+
+    async def _build_stage(self) -> None:
+        self._stage = build_stage(self.spec.stage, self.spec.pipeline)
+        await self._stage.start()
 
     def close(self) -> None:
+        """Close the socket; waits up to the linger time for unsent messages
+        only when something must still arrive (a fatal record)."""
         if self._socket is not None:
-            self._socket.close()
+            self._socket.close(linger=self._linger_ms)
         if self._context is not None:
             self._context.term()
 
@@ -259,11 +278,12 @@ class StageWorker:
             )
             await self._send(m.ErrorMessage.from_details(details))
             if details.fatal:
-                self._die(details)
+                self._die()
 
-    def _die(self, details: OmniErrorDetails) -> None:
+    def _die(self) -> None:
         logger.error("stage %d: fatal error, exiting", self.stage_id)
         # Closing with LINGER flushes the fatal record before the process ends.
+        self._linger_ms = _EXIT_LINGER_MS
         self.close()
         os._exit(1)
 
