@@ -173,3 +173,52 @@ async def _exited(pid: int | None, timeout_s: float = 5.0) -> None:
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"stage process {pid} did not exit")
+
+
+async def test_a_legacy_wire_stage_is_read_by_status(pipeline_dir: Path) -> None:
+    """A stage sending only the 0.30 flat fields (``legacy_wire``): the
+    orchestrator reads the record by its status, 4xx and 5xx alike."""
+    document = {
+        "model": "omni-legacy",
+        "stages": [{"id": 2, "name": "old", "kind": "text", "legacy_wire": True}],
+        "faults": [
+            {
+                "stage": 2,
+                "marker": "@404",
+                "action": "raise",
+                "exception": "vllm_omni.errors:VLLMNotFoundError",
+                "args": ["no voice"],
+            },
+            {
+                "stage": 2,
+                "marker": "@400",
+                "action": "raise",
+                "exception": "vllm_omni.errors:VLLMValidationError",
+                "args": ["bad"],
+                "kwargs": {"parameter": "seed"},
+            },
+            {"stage": 2, "marker": "@500", "action": "raise"},
+        ],
+    }
+    engine = await AsyncOmni.create(pipeline=write_pipeline(pipeline_dir, document))
+    try:
+        with pytest.raises(OmniClientError) as not_found:
+            await collect(engine, "@404", request_id="legacy-404")
+        assert not_found.value.details is not None
+        assert (not_found.value.details.category, not_found.value.status_code) == (
+            "client",
+            404,
+        )
+        assert not_found.value.details.message == "no voice"
+        with pytest.raises(OmniClientError) as invalid:
+            await collect(engine, "@400", request_id="legacy-400")
+        # The legacy wire has no ``parameter``: it is lost, nothing else is.
+        assert invalid.value.details is not None
+        assert invalid.value.details.parameter is None
+        assert invalid.value.details.stage_id == 2
+        with pytest.raises(OmniEngineGenerateError) as failed:
+            await collect(engine, "@500", request_id="legacy-500")
+        assert failed.value.details is not None
+        assert failed.value.details.category == "server" and failed.value.stage_id == 2
+    finally:
+        engine.shutdown()

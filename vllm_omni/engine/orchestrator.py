@@ -343,6 +343,9 @@ class Orchestrator:
                 and request.stage is not None
                 and request.stage.id == handle.config.id
             ):
+                if message.finished:
+                    # The stage met its deadline, however slowly this is read.
+                    self._cancel_timer(request)
                 request.queue.put_nowait(message)
         elif isinstance(message, m.ErrorMessage):
             self._on_error(handle, message.to_details())
@@ -505,8 +508,13 @@ class Orchestrator:
         self._requests[request_id] = request
         self._by_wire[wire_id] = request
         try:
-            async for output in self._run(request, route, prompt, dict(params), wanted):
-                yield output
+            # aclosing: a consumer that goes away closes the whole chain now,
+            # not when the garbage collector gets to it.
+            async with contextlib.aclosing(
+                self._run(request, route, prompt, dict(params), wanted)
+            ) as outputs:
+                async for output in outputs:
+                    yield output
         except (asyncio.CancelledError, GeneratorExit):
             if not request.closed:
                 self._abort_everywhere(request)

@@ -26,6 +26,7 @@ stages raised (rebuilt by ``to_exception``) or a semantic exception of its own.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
@@ -160,10 +161,13 @@ class AsyncOmni:
         if request_id is None:
             request_id = f"omni-{uuid.uuid4().hex}"
         wanted = (modalities,) if isinstance(modalities, str) else tuple(modalities)
-        async for output in self._orchestrator.generate(
+        stream = self._orchestrator.generate(
             prompt, request_id=request_id, modalities=wanted, params=params or {}
-        ):
-            yield output
+        )
+        # aclosing: closing this generator aborts the request at once.
+        async with contextlib.aclosing(stream) as outputs:
+            async for output in outputs:
+                yield output
 
     async def abort(self, request_id: str) -> None:
         """Abort a request in every stage; its stream ends with
