@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, NoReturn, get_args
 
 import yaml
 
@@ -103,8 +103,8 @@ class PipelineConfig:
         return tuple(f for f in self.faults if f.stage == stage_id)
 
 
-def _bad(message: str, parameter: str) -> VLLMValidationError:
-    return VLLMValidationError(
+def _reject(message: str, parameter: str) -> NoReturn:
+    raise VLLMValidationError(
         f"invalid pipeline config: {message}", parameter=parameter
     )
 
@@ -113,7 +113,7 @@ def _check_keys(data: Mapping[str, Any], allowed: set[str], where: str) -> None:
     unknown = sorted(str(k) for k in data if k not in allowed)
     if unknown:
         path = f"{where}.{unknown[0]}" if where else unknown[0]
-        raise _bad(f"unknown key {unknown[0]!r} (allowed: {sorted(allowed)})", path)
+        _reject(f"unknown key {unknown[0]!r} (allowed: {sorted(allowed)})", path)
 
 
 def _is_int(value: object) -> bool:
@@ -123,30 +123,30 @@ def _is_int(value: object) -> bool:
 def _stage(raw: object, index: int) -> StageConfig:
     where = f"stages[{index}]"
     if not isinstance(raw, Mapping):
-        raise _bad("each stage must be a mapping", where)
+        _reject("each stage must be a mapping", where)
     _check_keys(raw, _STAGE_KEYS, where)
     stage_id = raw.get("id", index)
     if not _is_int(stage_id) or stage_id < 0:
-        raise _bad("stage id must be a non-negative integer", f"{where}.id")
+        _reject("stage id must be a non-negative integer", f"{where}.id")
     kind = raw.get("kind")
     if kind not in get_args(StageKind):
-        raise _bad(f"stage kind must be one of {get_args(StageKind)}", f"{where}.kind")
+        _reject(f"stage kind must be one of {get_args(StageKind)}", f"{where}.kind")
     name = raw.get("name", kind)
     if not isinstance(name, str) or not name:
-        raise _bad("stage name must be a non-empty string", f"{where}.name")
+        _reject("stage name must be a non-empty string", f"{where}.name")
     timeout = raw.get("timeout_s")
     if timeout is not None and (
         isinstance(timeout, bool)
         or not isinstance(timeout, int | float)
         or timeout <= 0
     ):
-        raise _bad("timeout_s must be a positive number", f"{where}.timeout_s")
+        _reject("timeout_s must be a positive number", f"{where}.timeout_s")
     for flag in ("remote", "legacy_wire"):
         if not isinstance(raw.get(flag, False), bool):
-            raise _bad(f"{flag} must be true or false", f"{where}.{flag}")
+            _reject(f"{flag} must be true or false", f"{where}.{flag}")
     options = raw.get("options", {})
     if not isinstance(options, Mapping):
-        raise _bad("options must be a mapping", f"{where}.options")
+        _reject("options must be a mapping", f"{where}.options")
     return StageConfig(
         id=stage_id,
         name=name,
@@ -161,31 +161,29 @@ def _stage(raw: object, index: int) -> StageConfig:
 def _fault(raw: object, index: int, stages: tuple[StageConfig, ...]) -> FaultConfig:
     where = f"faults[{index}]"
     if not isinstance(raw, Mapping):
-        raise _bad("each fault must be a mapping", where)
+        _reject("each fault must be a mapping", where)
     _check_keys(raw, _FAULT_KEYS, where)
     ref = raw.get("stage")
     matches = [
         s.id for s in stages if ref in (s.id, s.name) and not isinstance(ref, bool)
     ]
     if not matches:
-        raise _bad("fault stage must name a stage id or name", f"{where}.stage")
+        _reject("fault stage must name a stage id or name", f"{where}.stage")
     marker = raw.get("marker")
     if not isinstance(marker, str) or not marker:
-        raise _bad("fault marker must be a non-empty string", f"{where}.marker")
+        _reject("fault marker must be a non-empty string", f"{where}.marker")
     action = raw.get("action")
     if action not in get_args(FaultAction):
-        raise _bad(
+        _reject(
             f"fault action must be one of {get_args(FaultAction)}", f"{where}.action"
         )
     exception = raw.get("exception")
     if exception is not None and (action != "raise" or not isinstance(exception, str)):
-        raise _bad(
-            "exception is a 'module:Name' string for raise", f"{where}.exception"
-        )
+        _reject("exception is a 'module:Name' string for raise", f"{where}.exception")
     args = raw.get("args", [])
     kwargs = raw.get("kwargs", {})
     if not isinstance(args, list) or not isinstance(kwargs, Mapping):
-        raise _bad("args must be a list and kwargs a mapping", f"{where}.args")
+        _reject("args must be a list and kwargs a mapping", f"{where}.args")
     return FaultConfig(
         stage=matches[0],
         marker=marker,
@@ -199,32 +197,30 @@ def _fault(raw: object, index: int, stages: tuple[StageConfig, ...]) -> FaultCon
 def pipeline_from_mapping(data: object, *, source: str = "<memory>") -> PipelineConfig:
     """Validate an already parsed pipeline document."""
     if not isinstance(data, Mapping):
-        raise _bad("the document must be a mapping", "pipeline")
+        _reject("the document must be a mapping", "pipeline")
     _check_keys(data, _TOP_KEYS, "")
     model = data.get("model")
     if not isinstance(model, str) or not model:
-        raise _bad("model must be a non-empty string", "model")
+        _reject("model must be a non-empty string", "model")
     raw_stages = data.get("stages")
     if not isinstance(raw_stages, list) or not raw_stages:
-        raise _bad("stages must be a non-empty list", "stages")
+        _reject("stages must be a non-empty list", "stages")
     stages = tuple(_stage(raw, i) for i, raw in enumerate(raw_stages))
     ids = [s.id for s in stages]
     if len(set(ids)) != len(ids):
-        raise _bad("stage ids must be unique", "stages")
+        _reject("stage ids must be unique", "stages")
     guardrail = data.get("guardrail") or {}
     if not isinstance(guardrail, Mapping):
-        raise _bad("guardrail must be a mapping", "guardrail")
+        _reject("guardrail must be a mapping", "guardrail")
     _check_keys(guardrail, {"blocklist"}, "guardrail")
     blocklist = guardrail.get("blocklist", [])
     if not isinstance(blocklist, list) or not all(
         isinstance(term, str) and term for term in blocklist
     ):
-        raise _bad(
-            "blocklist must be a list of non-empty strings", "guardrail.blocklist"
-        )
+        _reject("blocklist must be a list of non-empty strings", "guardrail.blocklist")
     raw_faults = data.get("faults") or []
     if not isinstance(raw_faults, list):
-        raise _bad("faults must be a list", "faults")
+        _reject("faults must be a list", "faults")
     faults = tuple(_fault(raw, i, stages) for i, raw in enumerate(raw_faults))
     return PipelineConfig(
         model=model,
@@ -245,7 +241,7 @@ def load_pipeline(spec: str | os.PathLike[str] | PipelineConfig) -> PipelineConf
     else:
         path = Path(spec)
         if not path.is_file():
-            raise _bad(
+            _reject(
                 f"no built-in pipeline of that name ({', '.join(BUILTIN_PIPELINES)}) "
                 "and no such file",
                 "pipeline",
@@ -255,5 +251,7 @@ def load_pipeline(spec: str | os.PathLike[str] | PipelineConfig) -> PipelineConf
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise _bad(f"not valid YAML ({type(exc).__name__})", "pipeline") from exc
-    return pipeline_from_mapping(data, source=source)
+        problem = type(exc).__name__
+    else:
+        return pipeline_from_mapping(data, source=source)
+    _reject(f"not valid YAML ({problem})", "pipeline")
