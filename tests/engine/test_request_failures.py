@@ -54,6 +54,7 @@ async def test_one_failing_request_of_eight_fails_alone(
 
 
 async def test_deadline_gives_504_and_frees_the_stage(drill_engine: AsyncOmni) -> None:
+    submitted = time.monotonic()
     hung = asyncio.create_task(
         collect(drill_engine, "x @hang", request_id="deadline-1")
     )
@@ -62,10 +63,9 @@ async def test_deadline_gives_504_and_frees_the_stage(drill_engine: AsyncOmni) -
     outputs = await collect(drill_engine, "still served", request_id="deadline-2")
     assert outputs[-1].text == expected_text("still served")
 
-    start = time.monotonic()
     with pytest.raises(OmniStageTimeoutError) as info:
         await hung
-    assert time.monotonic() - start < 1.0 + 1.0
+    assert 1.0 <= time.monotonic() - submitted < 1.0 + 1.0  # deadline + 1 s
     assert info.value.stage_id == 1 and isinstance(info.value, VLLMServerError)
     assert info.value.status_code == 504
 
