@@ -1,0 +1,215 @@
+"""``docs/errors/status-mapping.md`` is the status table, checked against the
+code: every row of ``STATUS_TABLE`` and ``LEGACY_FALLBACKS`` (class, origin,
+parent, status, public type, param, owner, message policy), every upstream or
+Omni subclass that inherits a row, and the framework statuses. A row added,
+removed, reordered or changed on either side fails here."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+
+from vllm_omni.errors import (
+    VLLMError,
+    normalize,
+    to_exception,
+)
+from vllm_omni.errors.details import OmniErrorDetails
+from vllm_omni.errors.table import (
+    HTTP_STATUS_TYPES,
+    LEGACY_FALLBACKS,
+    STATUS_TABLE,
+    StatusRow,
+    row_for,
+)
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "errors" / "status-mapping.md"
+
+# Modules whose VLLMError subclasses must each be documented, as a row or as
+# an inherited row.
+DOCUMENTED_MODULES = (
+    "vllm.exceptions",
+    "vllm.v1.engine.exceptions",
+    "vllm.connections",
+    "vllm_omni.errors.types",
+)
+
+
+def markdown_table(heading: str) -> tuple[list[str], list[list[str]]]:
+    """Header and body cells of the first table under ``heading``."""
+    lines = DOC.read_text(encoding="utf-8").splitlines()
+    assert heading in lines, f"{DOC.name} has no heading {heading!r}"
+    rows: list[list[str]] = []
+    for line in lines[lines.index(heading) + 1 :]:
+        if line.startswith("#"):
+            break
+        if line.startswith("|"):
+            rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+        elif rows:
+            break
+    header, separator, *body = rows
+    assert all(set(cell) <= set("-: ") for cell in separator)
+    assert all(len(row) == len(header) for row in body), heading
+    return header, body
+
+
+def _code(name: str) -> str:
+    return f"`{name}`"
+
+
+def _parent(exc_type: type[BaseException]) -> str:
+    # Skip private mixins (the class-data mixin of the Omni types).
+    public = [b for b in exc_type.__bases__ if not b.__name__.startswith("_")]
+    return public[0].__name__
+
+
+def _status(row: StatusRow) -> str:
+    if row.status_attr:
+        return f"`.{row.status_attr}` ({row.status_code} if unset)"
+    return str(row.status_code)
+
+
+def _error_type(row: StatusRow) -> str:
+    if row.type_from_phrase:
+        return "reason phrase of the status"
+    if row.type_attr:
+        return f"`.{row.type_attr}` (`{row.error_type}` if unset)"
+    return _code(row.error_type)
+
+
+def _owner(row: StatusRow) -> str:
+    owner = row.category or "by status"
+    return f"{owner}, fatal" if row.fatal else owner
+
+
+_MESSAGE = {"own": "own text", "generic": "generic", "fixed": "`CLIENT_MESSAGE`"}
+
+
+def status_table_row(row: StatusRow) -> list[str]:
+    exc_type = row.exc_type
+    return [
+        _code(exc_type.__name__),
+        _code(exc_type.__module__),
+        _code(_parent(exc_type)),
+        _status(row),
+        _error_type(row),
+        _code(f".{row.parameter_attr}") if row.parameter_attr else "—",
+        _owner(row),
+        _MESSAGE[row.message],
+    ]
+
+
+def test_status_table() -> None:
+    header, body = markdown_table("## Status table")
+    assert header == [
+        "Class",
+        "Defined in",
+        "Parent",
+        "Status",
+        "`error.type`",
+        "`param`",
+        "Owner",
+        "Public message",
+    ]
+    assert body == [status_table_row(row) for row in STATUS_TABLE]
+    assert not any(row.legacy_fallback for row in STATUS_TABLE)
+
+
+def test_legacy_fallbacks() -> None:
+    header, body = markdown_table("## Legacy fallbacks")
+    assert header == ["Class", "Status", "`error.type`", "Owner", "Public message"]
+    assert body == [
+        [
+            _code(row.exc_type.__name__),
+            _status(row),
+            _error_type(row),
+            _owner(row),
+            _MESSAGE[row.message],
+        ]
+        for row in LEGACY_FALLBACKS
+    ]
+    assert all(row.legacy_fallback for row in LEGACY_FALLBACKS)
+
+
+# Constructor arguments for the documented subclasses that need some.
+_ARGS: dict[str, tuple[object, ...]] = {
+    "LoRAAdapterNotFoundError": ("sql", "/adapters/sql"),
+    "ChatTemplateResolutionError": ("no template",),
+    "HTTPResponseSizeExceededError": (1024, 4096),
+}
+
+
+def _documented_subclasses() -> set[type[VLLMError]]:
+    for module in DOCUMENTED_MODULES:
+        importlib.import_module(module)
+    found: set[type[VLLMError]] = set()
+    pending: list[type[VLLMError]] = [VLLMError]
+    while pending:
+        cls = pending.pop()
+        for sub in cls.__subclasses__():
+            pending.append(sub)
+            if sub.__module__ in DOCUMENTED_MODULES:
+                found.add(sub)
+    return found
+
+
+def test_inherited_rows() -> None:
+    header, body = markdown_table("## Inherited rows")
+    assert header == [
+        "Class",
+        "Defined in",
+        "Row used",
+        "Status",
+        "`error.type`",
+        "Owner",
+    ]
+    with_rows = {row.exc_type for row in STATUS_TABLE}
+    inheriting = {cls for cls in _documented_subclasses() if cls not in with_rows}
+    assert sorted(row[0] for row in body) == sorted(
+        _code(cls.__name__) for cls in inheriting
+    ), "every upstream or Omni subclass without a row must be listed"
+    by_name = {_code(cls.__name__): cls for cls in inheriting}
+    for cells in body:
+        cls = by_name[cells[0]]
+        record = normalize(cls(*_ARGS.get(cls.__name__, ())))
+        assert cells == [
+            _code(cls.__name__),
+            _code(cls.__module__),
+            _code(row_for(cls).exc_type.__name__),
+            str(record.status_code),
+            _code(record.error_type),
+            record.category,
+        ]
+
+
+def test_framework_statuses() -> None:
+    header, body = markdown_table("## Framework errors")
+    assert header == ["Status", "`error.type`"]
+    assert body == [
+        [str(status), _code(error_type)]
+        for status, error_type in HTTP_STATUS_TYPES.items()
+    ]
+
+
+_RECORDS: dict[str, Callable[[], OmniErrorDetails]] = {
+    "client": lambda: OmniErrorDetails("x", "client", 404, "NotFoundError"),
+    "server, fatal": lambda: OmniErrorDetails(
+        "x", "server", 500, "InternalServerError", stage_id=1, fatal=True
+    ),
+    "server with a `stage_id` and type `InternalServerError`": lambda: OmniErrorDetails(
+        "x", "server", 500, "InternalServerError", stage_id=1
+    ),
+    "any other server record (for example 503, 504)": lambda: OmniErrorDetails(
+        "x", "server", 504, "GatewayTimeoutError", stage_id=1
+    ),
+}
+
+
+def test_to_exception_table() -> None:
+    header, body = markdown_table("## Records that crossed a boundary")
+    assert header == ["Record", "Exception raised"]
+    assert [cells[0] for cells in body] == list(_RECORDS)
+    for record_kind, exception in body:
+        exc = to_exception(_RECORDS[record_kind]())
+        assert exception == _code(type(exc).__name__)
