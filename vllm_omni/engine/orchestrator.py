@@ -410,13 +410,12 @@ class Orchestrator:
                         self._post(handle, m.Heartbeat())
 
     def _dead_error_for(self, request_id: str | None) -> OmniEngineDeadError:
+        """A fresh dead error for one request (each raise gets its own)."""
         assert self._dead is not None
-        stage_id = self._dead.stage_id
-        template = OmniEngineDeadError(stage_id=stage_id, reason=self._dead.reason)
         return OmniEngineDeadError(
-            stage_id=stage_id,
+            stage_id=self._dead.stage_id,
             reason=self._dead.reason,
-            details=normalize(template, request_id=request_id, stage_id=stage_id),
+            details=normalize(self._dead, request_id=request_id),
         )
 
     def _mark_dead(
@@ -424,8 +423,9 @@ class Orchestrator:
     ) -> None:
         if self._dead is not None or self._closed:
             return
-        self._dead = OmniEngineDeadError(stage_id=stage_id, reason=reason)
-        self._dead = self._dead_error_for(None)
+        dead = OmniEngineDeadError(stage_id=stage_id, reason=reason)
+        dead.details = normalize(dead)
+        self._dead = dead
         logger.error("engine dead: stage %d: %s", stage_id, reason)
 
         def error_for(request: _Request) -> BaseException:
@@ -474,9 +474,9 @@ class Orchestrator:
                     route.append(stage)
         return tuple(route)
 
-    def _check_serving(self) -> None:
+    def _check_serving(self, request_id: str | None = None) -> None:
         if self._dead is not None:
-            raise self._dead_error_for(None)
+            raise self._dead_error_for(request_id)
         if not self._started or self._closed:
             raise OmniServiceUnavailableError("The engine is not running.")
 
@@ -489,7 +489,7 @@ class Orchestrator:
         params: Mapping[str, Any],
     ) -> AsyncIterator[OmniRequestOutput]:
         """Run one request along its route; see ``AsyncOmni.generate``."""
-        self._check_serving()
+        self._check_serving(request_id)
         wanted = frozenset(modalities)
         route = self.route(wanted)
         if not isinstance(prompt, str):
@@ -580,7 +580,7 @@ class Orchestrator:
         yield final
 
     def _submit(self, request: _Request, stage: StageConfig, submit: m.Submit) -> None:
-        self._check_serving()
+        self._check_serving(request.wire_id)
         request.stage = stage
         if stage.timeout_s is not None:
             loop = asyncio.get_running_loop()
