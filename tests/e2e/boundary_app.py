@@ -8,6 +8,8 @@ which need a server that can actually exit.
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 from collections.abc import Callable
 
 import uvicorn
@@ -162,6 +164,10 @@ def main() -> None:
     )
     app.state.server = server
     server.run()
+    # Skip the interpreter teardown of torch/vLLM (seconds); the server has
+    # already shut down cleanly, as `vllm-omni serve` does.
+    logging.shutdown()
+    os._exit(0)
 
 
 if __name__ == "__main__":

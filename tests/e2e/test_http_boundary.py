@@ -132,17 +132,31 @@ FALLBACK_LABEL = {
 
 @pytest.fixture(scope="module")
 def servers() -> Iterator[dict[str, str]]:
-    # One process per mode: each app mounts the instrumentator on the default
-    # registry, as vLLM does, and a registry holds one http_requests_total.
-    procs = {mode: _spawn_app_process({}, mode) for mode in ("strict", "legacy")}
+    """Three real uvicorn processes, started together to share the import cost.
+
+    One process per mode, because each app mounts the instrumentator on the
+    default registry (as vLLM does) and a registry holds one
+    ``http_requests_total``. ``strict`` keeps serving after engine death
+    (``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1``); ``dying`` must exit on it.
+    """
+    procs = {
+        "strict": _spawn_app_process({"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"}),
+        "legacy": _spawn_app_process({}, "legacy"),
+        "dying": _spawn_app_process({"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "0"}),
+    }
     try:
         for _, base in procs.values():
             wait_until_up(base)
+        _PROCS.update(procs)
         yield {mode: base for mode, (_, base) in procs.items()}
     finally:
         for proc, _ in procs.values():
-            proc.kill()
+            if proc.poll() is None:
+                proc.kill()
             proc.wait(timeout=10)
+
+
+_PROCS: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
 
 
 def _status_group(status: int) -> str:
@@ -365,41 +379,28 @@ def _spawn_app_process(
     return proc, f"http://127.0.0.1:{port}"
 
 
-def _start_app_process(
-    env_extra: dict[str, str],
-) -> tuple[subprocess.Popen[bytes], str]:
-    proc, base = _spawn_app_process(env_extra)
-    wait_until_up(base)
-    return proc, base
+@pytest.mark.timeout(60)
+def test_engine_death_terminates_server_and_keep_alive_keeps_it(
+    servers: dict[str, str],
+) -> None:
+    dying, _ = _PROCS["dying"]
+    for base in (servers["dying"], servers["strict"]):
+        response = httpx.post(f"{base}/v1/raise/engine_dead")
+        assert response.status_code == 500
+        assert response.json()["error"] == {
+            "message": GENERIC,
+            "type": "InternalServerError",
+            "param": None,
+            "code": 500,
+            "request_id": response.headers["x-request-id"],
+            "stage_id": 3,
+        }
+    started = time.monotonic()
+    assert dying.wait(timeout=5) is not None
+    assert time.monotonic() - started < 5
+    dying.log.seek(0)  # type: ignore[attr-defined]
+    assert "engine dead: stage 3 failed fatally" in dying.log.read().decode()  # type: ignore[attr-defined]
 
-
-@pytest.mark.timeout(120)
-def test_engine_death_terminates_server_and_keep_alive_keeps_it() -> None:
-    dying, dying_base = _start_app_process({"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "0"})
-    alive, alive_base = _start_app_process({"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"})
-    try:
-        for base in (dying_base, alive_base):
-            response = httpx.post(f"{base}/v1/raise/engine_dead")
-            assert response.status_code == 500
-            assert response.json()["error"] == {
-                "message": GENERIC,
-                "type": "InternalServerError",
-                "param": None,
-                "code": 500,
-                "request_id": response.headers["x-request-id"],
-                "stage_id": 3,
-            }
-        started = time.monotonic()
-        assert dying.wait(timeout=5) is not None
-        assert time.monotonic() - started < 5
-        dying.log.seek(0)  # type: ignore[attr-defined]
-        log = dying.log.read().decode()  # type: ignore[attr-defined]
-        assert "stage 3" in log
-
-        assert alive.poll() is None
-        assert httpx.get(f"{alive_base}/v1/ok").status_code == 200
-    finally:
-        for proc in (dying, alive):
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=10)
+    strict, _ = _PROCS["strict"]
+    assert strict.poll() is None
+    assert httpx.get(f"{servers['strict']}/v1/ok").status_code == 200

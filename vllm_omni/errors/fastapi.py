@@ -39,6 +39,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware import Middleware
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from vllm import envs
+from vllm.entrypoints.launchers.launcher import terminate_if_errored
 
 from vllm_omni.errors.details import OmniErrorDetails
 from vllm_omni.errors.metrics import RAW_FALLBACKS_TOTAL
@@ -165,14 +167,10 @@ def _terminate_if_errored(
         )
     if server is None:
         return
-    from vllm.entrypoints.launchers.launcher import terminate_if_errored
-
     terminate_if_errored(server=server, engine=engine)
 
 
 def _keep_alive(engine: Any) -> bool:
-    import vllm.envs as envs
-
     return bool(
         envs.VLLM_KEEP_ALIVE_ON_ENGINE_DEATH
         or getattr(engine, "should_keep_api_server_alive", False)
