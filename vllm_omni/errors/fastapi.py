@@ -37,6 +37,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware import Middleware
+from starlette.requests import HTTPConnection
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from vllm import envs
@@ -65,6 +66,7 @@ __all__ = [
     "details_for_exception",
     "install_error_handling",
     "request_id_of",
+    "stream_error_details",
 ]
 
 logger = logging.getLogger("vllm_omni.errors")
@@ -74,9 +76,9 @@ _MAX_VALIDATION_ITEMS = 5
 _MAX_FALLBACK_SITES = 4096
 
 
-def request_id_of(request: Request) -> str:
+def request_id_of(conn: HTTPConnection) -> str:
     """The id the boundary assigned to this request (routes pass it on)."""
-    request_id = getattr(request.state, "request_id", None)
+    request_id = getattr(conn.state, "request_id", None)
     return request_id if isinstance(request_id, str) else uuid.uuid4().hex
 
 
@@ -185,6 +187,20 @@ def details_for_exception(
     if mode == "legacy" and is_legacy_fallback(exc):
         _FALLBACKS.hit(exc, details)
     _log(exc, details)
+    return details
+
+
+def stream_error_details(conn: HTTPConnection, exc: BaseException) -> OmniErrorDetails:
+    """The record for a failure after headers went out (SSE, WebSocket).
+
+    Same accounting as the boundary (log, fallback counter) and the same
+    stage-aware termination on engine death; the caller renders the terminal
+    event with ``render.sse_error_events`` / ``render.ws_error_event``.
+    """
+    mode: Mode = getattr(conn.app.state, "error_mode", "strict")
+    details = details_for_exception(exc, request_id=request_id_of(conn), mode=mode)
+    if isinstance(exc, (EngineDeadError, EngineGenerateError)):
+        _terminate_if_errored(conn.app, exc, details)
     return details
 
 
