@@ -1,0 +1,151 @@
+"""The OpenAI-compatible API server, in the style of ``vllm serve``.
+
+``build_app`` assembles the FastAPI app: routers (each behind the API-key
+dependency), the error boundary, and the Prometheus instrumentator mounted
+the way vLLM mounts it. ``init_app_state`` hangs the engine client and the
+job store on ``app.state``. ``run_server`` starts the engine, serves with
+uvicorn, and shuts everything down in order.
+
+This module wires things together; it owns no route logic and builds no
+error responses (routes raise, ``vllm_omni.errors`` renders).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import uvicorn
+from fastapi import Depends, FastAPI
+from prometheus_fastapi_instrumentator import Instrumentator
+from starlette.responses import Response
+from vllm.entrypoints.launchers.launcher import terminate_if_errored
+
+from vllm_omni.entrypoints.async_omni import AsyncOmni
+from vllm_omni.entrypoints.openai.auth import require_api_key
+from vllm_omni.errors.fastapi import install_error_handling
+
+__all__ = ["build_app", "init_app_state", "run_server"]
+
+logger = logging.getLogger("vllm_omni.server")
+
+# Operational endpoints the instrumentator leaves out, as vLLM does.
+_UNMETERED = ["/metrics", "/health"]
+
+# Optional route modules: (module, router attribute, state hooks). Imported
+# lazily so a missing optional module never breaks the core routes.
+_ROUTERS = (
+    "vllm_omni.entrypoints.openai.routes.health",
+    "vllm_omni.entrypoints.openai.routes.models",
+    "vllm_omni.entrypoints.openai.routes.chat",
+    "vllm_omni.entrypoints.openai.routes.audio",
+    "vllm_omni.entrypoints.openai.routes.images",
+    "vllm_omni.entrypoints.openai.routes.videos",
+    "vllm_omni.entrypoints.openai.routes.realtime",
+)
+
+
+def _route_modules() -> list[Any]:
+    import importlib
+
+    return [importlib.import_module(name) for name in _ROUTERS]
+
+
+def build_app(args: argparse.Namespace) -> FastAPI:
+    """The app with every router, the error boundary and the metrics."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        for module in _route_modules():
+            shutdown: Callable[[FastAPI], Any] | None = getattr(
+                module, "shutdown_state", None
+            )
+            if shutdown is not None:
+                result = shutdown(app)
+                if asyncio.iscoroutine(result):
+                    await result
+
+    app = FastAPI(title="vLLM-Omni", lifespan=lifespan)
+    app.state.api_key = getattr(args, "api_key", None)
+    auth = [Depends(require_api_key)]
+    for module in _route_modules():
+        public = getattr(module, "PUBLIC", False)
+        app.include_router(module.router, dependencies=None if public else auth)
+    install_error_handling(app, mode=args.error_mode)
+    Instrumentator(excluded_handlers=_UNMETERED).instrument(app).expose(
+        app, response_class=_PrometheusResponse
+    )
+    return app
+
+
+class _PrometheusResponse(Response):
+    media_type = "text/plain; version=0.0.4; charset=utf-8"
+
+
+async def init_app_state(
+    app: FastAPI, engine: AsyncOmni, args: argparse.Namespace
+) -> None:
+    """Attach the engine and let each route module set up its own state."""
+    app.state.engine_client = engine
+    app.state.args = args
+    for module in _route_modules():
+        init: Callable[[FastAPI, argparse.Namespace], Any] | None = getattr(
+            module, "init_state", None
+        )
+        if init is not None:
+            result = init(app, args)
+            if asyncio.iscoroutine(result):
+                await result
+
+
+async def run_server(args: argparse.Namespace) -> int:
+    """Start the engine, serve until told to stop or the engine dies.
+
+    Returns the process exit code: 1 when the engine died, else 0.
+    """
+    engine = await AsyncOmni.create(pipeline=args.pipeline)
+    try:
+        app = build_app(args)
+        await init_app_state(app, engine, args)
+        config = uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=args.uvicorn_log_level,
+            timeout_graceful_shutdown=5,
+        )
+        server = uvicorn.Server(config)
+        app.state.server = server
+        watchdog = asyncio.create_task(_watch_engine(server, engine))
+        logger.info(
+            "vllm-omni serving %s on http://%s:%d (error mode %s)",
+            engine.model_name,
+            args.host,
+            args.port,
+            args.error_mode,
+        )
+        try:
+            await server.serve()
+        finally:
+            watchdog.cancel()
+        return 1 if engine.errored else 0
+    finally:
+        engine.shutdown()
+
+
+async def _watch_engine(server: uvicorn.Server, engine: AsyncOmni) -> None:
+    """Engine death with no request in flight still stops the server.
+
+    Requests that see the death trigger termination themselves (the error
+    boundary); this watchdog covers a stage that dies while the server is
+    idle, with upstream's ``terminate_if_errored`` rule.
+    """
+    while not engine.errored:
+        await asyncio.sleep(0.2)
+    logger.critical("engine dead: %s", engine.dead_error)
+    terminate_if_errored(server=server, engine=engine)
