@@ -29,7 +29,7 @@ from vllm_omni.errors import (
     VLLMError,
     normalize,
 )
-from vllm_omni.errors.table import STATUS_TABLE
+from vllm_omni.errors.table import LEGACY_FALLBACKS, STATUS_TABLE
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -73,7 +73,10 @@ def _spec(exc_type: type[BaseException]) -> FaultConfig:
     )
 
 
-ROWS = [_spec(row.exc_type) for row in STATUS_TABLE]
+# The raw-exception rows exist only in legacy mode; stages normalize strictly,
+# so there they are unknown server errors (500) like any other.
+ROWS = [_spec(row.exc_type) for row in (*STATUS_TABLE, *LEGACY_FALLBACKS)]
+STRICT_ONLY = {_spec(row.exc_type).exception for row in LEGACY_FALLBACKS}
 FATAL = [s for s in ROWS if normalize(build_exception(s)).fatal]
 NONFATAL = [s for s in ROWS if s not in FATAL]
 
@@ -107,7 +110,8 @@ def _expected_class(record: Any) -> type[VLLMError]:
 
 
 def test_every_table_row_is_covered() -> None:
-    assert len(ROWS) == len(STATUS_TABLE) and FATAL and NONFATAL
+    assert len(ROWS) == len(STATUS_TABLE) + len(LEGACY_FALLBACKS)
+    assert FATAL and NONFATAL
     for spec in ROWS:
         assert isinstance(build_exception(spec), _resolve(spec.exception))
 
@@ -136,6 +140,8 @@ async def test_nonfatal_row_round_trips(engine: AsyncOmni, spec: FaultConfig) ->
     expected = normalize(build_exception(spec), request_id=request_id, stage_id=STAGE)
     assert info.value.details == expected  # type: ignore[attr-defined]
     assert type(info.value) is _expected_class(expected)
+    if spec.exception in STRICT_ONLY:
+        assert (expected.category, expected.status_code) == ("server", 500)
     assert not engine.errored
 
 
