@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -36,8 +37,8 @@ logger = logging.getLogger("vllm_omni.server")
 # Operational endpoints the instrumentator leaves out, as vLLM does.
 _UNMETERED = ["/metrics", "/health"]
 
-# Optional route modules: (module, router attribute, state hooks). Imported
-# lazily so a missing optional module never breaks the core routes.
+# Route modules: each has ``router``, optionally ``PUBLIC`` (no API key) and
+# ``init_state(app, args)`` / ``shutdown_state(app)`` hooks.
 _ROUTERS = (
     "vllm_omni.entrypoints.openai.routes.health",
     "vllm_omni.entrypoints.openai.routes.models",
@@ -50,9 +51,15 @@ _ROUTERS = (
 
 
 def _route_modules() -> list[Any]:
-    import importlib
-
-    return [importlib.import_module(name) for name in _ROUTERS]
+    modules = []
+    for name in _ROUTERS:
+        try:
+            modules.append(importlib.import_module(name))
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            logger.warning("route module %s is not installed; skipping it", name)
+    return modules
 
 
 def build_app(args: argparse.Namespace) -> FastAPI:

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 
 from starlette.requests import HTTPConnection
 
-from vllm_omni.errors import OmniServiceUnavailableError
+from vllm_omni.errors import OmniServiceUnavailableError, VLLMNotFoundError
 from vllm_omni.errors.fastapi import request_id_of
 
 if TYPE_CHECKING:
     from vllm_omni.entrypoints.async_omni import AsyncOmni
 
-__all__ = ["engine_of", "request_id_of", "require_modality"]
+__all__ = ["check_model", "engine_of", "request_id_of", "require_modality"]
 
 
 def engine_of(conn: HTTPConnection) -> AsyncOmni:
@@ -33,3 +33,9 @@ def require_modality(engine: AsyncOmni, modality: str) -> None:
         raise OmniServiceUnavailableError(
             f"The pipeline has no {modality} stage; this route is unavailable."
         )
+
+
+def check_model(engine: AsyncOmni, model: str | None) -> None:
+    """404 for a model name this server does not serve (as vLLM answers)."""
+    if model is not None and model != engine.model_name:
+        raise VLLMNotFoundError(f"The model `{model}` does not exist.")

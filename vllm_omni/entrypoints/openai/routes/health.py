@@ -1,0 +1,23 @@
+"""``GET /health``: 200 while the engine runs, 503 once it is dead."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from vllm_omni.entrypoints.openai.routes.common import engine_of
+from vllm_omni.errors import OmniServiceUnavailableError
+
+__all__ = ["PUBLIC", "router"]
+
+# Load balancers probe without credentials.
+PUBLIC = True
+router = APIRouter()
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    engine = engine_of(request)
+    if engine.errored or not engine.is_running:
+        raise OmniServiceUnavailableError("The engine is not running.")
+    return Response(status_code=200)
