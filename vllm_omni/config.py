@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, NoReturn, get_args
+from typing import Any, Literal, NoReturn, cast, get_args
 
 import yaml
 
@@ -150,7 +150,7 @@ def _stage(raw: object, index: int) -> StageConfig:
     return StageConfig(
         id=stage_id,
         name=name,
-        kind=kind,
+        kind=cast(StageKind, kind),
         timeout_s=None if timeout is None else float(timeout),
         remote=raw.get("remote", False),
         legacy_wire=raw.get("legacy_wire", False),
@@ -187,7 +187,7 @@ def _fault(raw: object, index: int, stages: tuple[StageConfig, ...]) -> FaultCon
     return FaultConfig(
         stage=matches[0],
         marker=marker,
-        action=action,
+        action=cast(FaultAction, action),
         exception=exception,
         args=tuple(args),
         kwargs=dict(kwargs),

@@ -36,7 +36,7 @@ import tempfile
 import time
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from multiprocessing.process import BaseProcess
 from typing import Any, Literal
 
@@ -487,7 +487,7 @@ class Orchestrator:
         request_id: str,
         modalities: Iterable[str],
         params: Mapping[str, Any],
-    ) -> AsyncIterator[OmniRequestOutput]:
+    ) -> AsyncGenerator[OmniRequestOutput, None]:
         """Run one request along its route; see ``AsyncOmni.generate``."""
         self._check_serving(request_id)
         wanted = frozenset(modalities)
@@ -532,7 +532,7 @@ class Orchestrator:
         prompt: str,
         params: dict[str, Any],
         wanted: frozenset[str],
-    ) -> AsyncIterator[OmniRequestOutput]:
+    ) -> AsyncGenerator[OmniRequestOutput, None]:
         final = OmniRequestOutput(request_id=request.request_id)
         inputs: m.Payload | None = None
         for stage in route:

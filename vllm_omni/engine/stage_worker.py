@@ -29,6 +29,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import signal
@@ -214,9 +215,10 @@ class StageWorker:
         self._stats.submitted += 1
         task = asyncio.create_task(self._run(request), name=request.request_id)
         self._tasks[request.request_id] = task
-        task.add_done_callback(
-            lambda _t, rid=request.request_id: self._tasks.pop(rid, None)
-        )
+        task.add_done_callback(functools.partial(self._forget, request.request_id))
+
+    def _forget(self, request_id: str, _task: asyncio.Task[None]) -> None:
+        self._tasks.pop(request_id, None)
 
     def _abort(self, request_id: str) -> None:
         self._stats.aborts.append(request_id)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from typing import Any
 
 from vllm_omni.config import PipelineConfig, load_pipeline
@@ -137,7 +137,7 @@ class AsyncOmni:
         request_id: str | None = None,
         modalities: Iterable[str] | str = ("text",),
         params: Mapping[str, Any] | None = None,
-    ) -> AsyncIterator[OmniRequestOutput]:
+    ) -> AsyncGenerator[OmniRequestOutput, None]:
         """Run one request; yields outputs, the last with ``finished=True``.
 
         Text streams one output per token (``text_delta``); audio, images and

@@ -67,7 +67,7 @@ class Omni:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     @overload
-    def generate(
+    def generate(  # type: ignore[overload-overlap]  # a str is a Sequence[str]
         self,
         prompts: str,
         *,
