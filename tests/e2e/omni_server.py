@@ -1,0 +1,169 @@
+"""Start real ``vllm-omni serve`` processes for end-to-end tests.
+
+Each server is a separate process on a free loopback port, with its log in a
+file (an unread pipe would fill and block it) and a private job store.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from tests.e2e.servers import free_port
+
+REFERENCE_STAGES: list[dict[str, Any]] = [
+    {"id": 0, "name": "guardrail", "kind": "guardrail", "timeout_s": 10},
+    {"id": 1, "name": "thinker", "kind": "text", "timeout_s": 3},
+    {"id": 2, "name": "talker", "kind": "talker", "timeout_s": 10},
+    {"id": 3, "name": "vocoder", "kind": "vocoder", "timeout_s": 10},
+    {"id": 4, "name": "image", "kind": "image", "timeout_s": 30},
+    {"id": 5, "name": "video", "kind": "video", "timeout_s": 60},
+]
+
+# Markers a prompt can carry to make a stage misbehave (tests and drills).
+FAULTS: list[dict[str, Any]] = [
+    {"stage": 1, "marker": "@boom", "action": "raise"},
+    {"stage": 1, "marker": "@hang", "action": "hang"},
+    {"stage": 2, "marker": "@talkboom", "action": "raise"},
+    {"stage": 3, "marker": "@die", "action": "exit"},
+    {
+        "stage": 1,
+        "marker": "@generation",
+        "action": "raise",
+        "exception": "vllm.exceptions:GenerationError",
+        "args": ["KV cache load failed"],
+    },
+    {
+        "stage": 1,
+        "marker": "@retryable",
+        "action": "raise",
+        "exception": "vllm.exceptions:RetryableRequestError",
+    },
+    {
+        "stage": 1,
+        "marker": "@overflow",
+        "action": "raise",
+        "exception": "vllm.exceptions:QueueOverflowError",
+    },
+    {
+        "stage": 1,
+        "marker": "@unavailable",
+        "action": "raise",
+        "exception": "vllm_omni.errors:OmniServiceUnavailableError",
+        "args": ["talker pool drained"],
+    },
+    {
+        "stage": 1,
+        "marker": "@secret",
+        "action": "raise",
+        "exception": "builtins:RuntimeError",
+        "args": [
+            "failed reading /home/alice/.hf/token hf_SECRETSECRET123 Bearer abc.def"
+        ],
+    },
+]
+
+
+def write_pipeline(
+    directory: Path,
+    *,
+    stages: list[dict[str, Any]] | None = None,
+    faults: list[dict[str, Any]] | None = None,
+    blocklist: tuple[str, ...] = ("forbidden-topic",),
+) -> Path:
+    path = directory / "pipeline.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "model": "omni-reference",
+                "stages": stages if stages is not None else REFERENCE_STAGES,
+                "guardrail": {"blocklist": list(blocklist)},
+                "faults": faults if faults is not None else FAULTS,
+            }
+        )
+    )
+    return path
+
+
+@dataclass
+class OmniServer:
+    proc: subprocess.Popen[bytes]
+    base_url: str
+    log_path: Path
+    api_key: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{self.log()[-3000:]}")
+            try:
+                if httpx.get(self.base_url + "/health", timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"server not ready:\n{self.log()[-3000:]}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+def start_server(
+    directory: Path,
+    pipeline: Path | str = "reference",
+    *,
+    api_key: str | None = None,
+    error_mode: str = "strict",
+    env: dict[str, str] | None = None,
+    job_store: Path | None = None,
+) -> OmniServer:
+    """Spawn (without waiting for readiness: start several, then wait)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "vllm_omni.entrypoints.cli.main",
+        "serve",
+        "--pipeline",
+        str(pipeline),
+        "--port",
+        str(port),
+        "--error-mode",
+        error_mode,
+        "--job-store",
+        str(job_store or directory / "jobs.sqlite3"),
+    ]
+    if api_key:
+        argv += ["--api-key", api_key]
+    log_path = directory / f"server-{port}.log"
+    proc = subprocess.Popen(
+        argv,
+        env={**os.environ, **(env or {})},
+        stdout=log_path.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    return OmniServer(proc, f"http://127.0.0.1:{port}", log_path, api_key)
