@@ -1,0 +1,156 @@
+"""A stage process really dies (``os._exit(1)`` in the vocoder): in-flight
+HTTP requests get 500 with the stage id, a started stream gets its terminal
+error event, and the server exits — unless ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH``
+keeps it up, in which case ``/health`` is 503 and new requests are 500."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.omni_server import (
+    REFERENCE_STAGES,
+    OmniServer,
+    start_server,
+    write_pipeline,
+)
+
+GENERIC = "The server had an error while processing your request."
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture(scope="module")
+def servers(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[str, OmniServer]]:
+    root = tmp_path_factory.mktemp("engine-death")
+    dying_dir, alive_dir = root / "dying", root / "alive"
+    dying_dir.mkdir()
+    alive_dir.mkdir()
+    # The keep-alive server has no image stage: its image route is a 503.
+    no_image = [s for s in REFERENCE_STAGES if s["kind"] != "image"]
+    started = {
+        "dying": start_server(dying_dir, write_pipeline(dying_dir)),
+        "alive": start_server(
+            alive_dir,
+            write_pipeline(alive_dir, stages=no_image),
+            env={"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"},
+        ),
+    }
+    try:
+        for server in started.values():
+            server.wait_ready()
+        yield started
+    finally:
+        for server in started.values():
+            server.stop()
+
+
+def _stream_events(base: str, prompt: str, sink: dict[str, Any]) -> None:
+    with httpx.stream(
+        "POST",
+        base + CHAT,
+        json={
+            "messages": [{"role": "user", "content": prompt}],
+            "modalities": ["text", "audio"],
+            "stream": True,
+        },
+        timeout=30,
+    ) as response:
+        sink["status"] = response.status_code
+        sink["events"] = [
+            line[len("data: ") :]
+            for line in response.iter_lines()
+            if line.startswith("data: ")
+        ]
+
+
+def _hanging_request(base: str, sink: dict[str, Any]) -> None:
+    sink["response"] = httpx.post(
+        base + CHAT,
+        json={"messages": [{"role": "user", "content": "wait @hang"}]},
+        timeout=30,
+    )
+
+
+@pytest.mark.timeout(90)
+def test_fatal_stage_failure_fails_in_flight_and_exits(
+    servers: dict[str, OmniServer],
+) -> None:
+    server = servers["dying"]
+    base = server.base_url
+    plain: dict[str, Any] = {}
+    waiter = threading.Thread(target=_hanging_request, args=(base, plain))
+    waiter.start()
+    time.sleep(0.5)  # the hanging request is now in flight in stage 1
+
+    stream: dict[str, Any] = {}
+    _stream_events(base, "speak and @die", stream)
+    waiter.join(timeout=20)
+
+    # The stream had started (200) and ends with one error event, then [DONE].
+    assert stream["status"] == 200
+    events = stream["events"]
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert error["code"] == 500
+    assert error["type"] == "InternalServerError"
+    assert error["message"] == GENERIC
+    assert error["stage_id"] == 3
+    assert sum(1 for e in events if e.startswith('{"error"')) == 1
+
+    # The plain request in flight in another stage got a 500 naming the dead stage.
+    response: httpx.Response = plain["response"]
+    assert response.status_code == 500
+    assert response.json()["error"]["stage_id"] == 3
+    assert response.json()["error"]["message"] == GENERIC
+
+    # And the server exits on its own.
+    code = server.proc.wait(timeout=15)
+    assert code != 0
+    assert "stage 3" in server.log()
+
+
+@pytest.mark.timeout(90)
+def test_keep_alive_serves_503_health_and_500s(servers: dict[str, OmniServer]) -> None:
+    base = servers["alive"].base_url
+    missing = httpx.post(base + "/v1/images/generations", json={"prompt": "fox"})
+    assert missing.status_code == 503
+    assert missing.json()["error"]["type"] == "ServiceUnavailableError"
+
+    died = httpx.post(
+        base + CHAT,
+        json={
+            "messages": [{"role": "user", "content": "speak and @die"}],
+            "modalities": ["text", "audio"],
+        },
+        timeout=30,
+    )
+    assert died.status_code == 500
+    assert died.json()["error"]["stage_id"] == 3
+
+    deadline = time.monotonic() + 5
+    while httpx.get(base + "/health").status_code != 503:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    health = httpx.get(base + "/health")
+    assert health.json()["error"]["code"] == 503
+
+    after = httpx.post(
+        base + CHAT, json={"messages": [{"role": "user", "content": "anyone?"}]}
+    )
+    assert after.status_code == 500
+    assert after.json()["error"]["type"] == "InternalServerError"
+    assert after.json()["error"]["message"] == GENERIC
+    time.sleep(1)
+    assert servers["alive"].proc.poll() is None
+
+
+def test_logs_name_the_stage(servers: dict[str, OmniServer]) -> None:
+    assert "engine dead: stage 3 failed fatally" in servers["alive"].log()
