@@ -304,6 +304,39 @@ def test_str_that_raises_gives_empty_text() -> None:
     assert sanitize_message(Hostile()) == ""
 
 
+def test_str_subclass_is_read_as_plain_text() -> None:
+    class Sneaky(str):
+        """Claims to equal anything and hides its text from slicing."""
+
+        def __eq__(self, other: object) -> bool:
+            return True
+
+        def __hash__(self) -> int:
+            return hash("clean")
+
+        def __getitem__(self, key: Any) -> Any:
+            return self
+
+        def strip(self, chars: str | None = None) -> Any:
+            return self
+
+    sanitize_message("clean")
+    out = sanitize_message(Sneaky("token=hunter2 at /home/a/b"))
+    assert type(out) is str
+    assert out == "token=<redacted> at <path>"
+
+
+def test_only_sanitized_text_is_remembered() -> None:
+    raw = "api_key=abc123 in /srv/app/config.yaml"
+    out = sanitize_message(raw)
+    assert out == "api_key=<redacted> in <path>"
+    assert raw not in sanitize._CLEAN
+    assert out in sanitize._CLEAN
+    for i in range(3 * sanitize._CLEAN_MAX):
+        sanitize_message(f"message {i}")
+    assert len(sanitize._CLEAN) <= sanitize._CLEAN_MAX
+
+
 # -- parameter and request id -------------------------------------------------
 
 
