@@ -29,6 +29,7 @@ from vllm.entrypoints.launchers.launcher import terminate_if_errored
 from vllm_omni.entrypoints.async_omni import AsyncOmni
 from vllm_omni.entrypoints.openai.auth import require_api_key
 from vllm_omni.errors.fastapi import install_error_handling
+from vllm_omni.errors.openapi import ERROR_RESPONSES
 
 __all__ = ["build_app", "init_app_state", "run_server"]
 
@@ -82,7 +83,11 @@ def build_app(args: argparse.Namespace) -> FastAPI:
     auth = [Depends(require_api_key)]
     for module in _route_modules():
         public = getattr(module, "PUBLIC", False)
-        app.include_router(module.router, dependencies=None if public else auth)
+        app.include_router(
+            module.router,
+            dependencies=None if public else auth,
+            responses=ERROR_RESPONSES,
+        )
     install_error_handling(app, mode=args.error_mode)
     Instrumentator(excluded_handlers=_UNMETERED).instrument(app).expose(
         app, response_class=_PrometheusResponse
