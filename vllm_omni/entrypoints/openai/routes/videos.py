@@ -1,0 +1,292 @@
+"""The OpenAI Videos API over durable async jobs (``client.videos.*``).
+
+Routes::
+
+    POST   /v1/videos                 create a job (JSON or multipart form)
+    GET    /v1/videos                 list jobs, newest first (cursor pages)
+    GET    /v1/videos/{id}            the job; a failed one carries its stored error
+    DELETE /v1/videos/{id}            remove a finished job, cancel an unfinished one
+    GET    /v1/videos/{id}/content    the GIF of a completed job
+    POST   /v1/videos/{id}/remix      declared, not implemented (501)
+
+Statuses (DESIGN §4, async jobs): the request's form is checked here (400
+with ``param``: ``prompt``, ``seconds``, ``size``; 404 for another model;
+503 when the pipeline has no video stage); limits that belong to the video
+stage (duration and size ranges) are checked by that stage, so such a job is
+accepted and then fails with the stage's 400. A failed job's metadata is a
+200 with ``status: "failed"`` and the stored ``error`` unchanged; its content
+answers with the stored status and body; content of an unfinished or
+cancelled job is 409; an unknown id is 404.
+
+This module owns request parsing and the mapping from job state to semantic
+exceptions. It must not build statuses, envelopes or error responses (the
+error boundary renders what it raises), and it keeps no job state of its
+own: that is ``vllm_omni.entrypoints.openai.jobs``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from starlette.datastructures import UploadFile
+from starlette.requests import HTTPConnection
+from starlette.responses import Response
+
+from vllm_omni.entrypoints.openai.jobs import Job, VideoJobs
+from vllm_omni.entrypoints.openai.routes.common import (
+    check_model,
+    engine_of,
+    require_modality,
+)
+from vllm_omni.errors import (
+    OmniConflictError,
+    OmniNotImplementedError,
+    OmniServiceUnavailableError,
+    VLLMNotFoundError,
+    VLLMValidationError,
+    to_exception,
+)
+
+__all__ = ["init_state", "router", "shutdown_state"]
+
+router = APIRouter()
+
+_MAX_PROMPT_CHARS = 32_000
+_SECONDS_RE = re.compile(r"\d{1,4}(?:\.\d{1,3})?")
+_SIZE_RE = re.compile(r"\d{1,5}x\d{1,5}")
+_FIELDS = ("prompt", "model", "seconds", "size")
+_VARIANTS = ("video", "thumbnail", "spritesheet")
+_DEFAULT_PAGE = 20
+_MAX_PAGE = 100
+
+
+async def init_state(app: FastAPI, args: argparse.Namespace) -> None:
+    """Open the job store; jobs a previous process left unfinished fail (503)."""
+    app.state.video_jobs = await VideoJobs.start(
+        getattr(args, "job_store", None),
+        app.state.engine_client,
+        mode=getattr(app.state, "error_mode", "strict"),
+    )
+
+
+async def shutdown_state(app: FastAPI) -> None:
+    jobs: VideoJobs | None = getattr(app.state, "video_jobs", None)
+    app.state.video_jobs = None
+    if jobs is not None:
+        await jobs.shutdown()
+
+
+def _jobs_of(conn: HTTPConnection) -> VideoJobs:
+    jobs: VideoJobs | None = getattr(conn.app.state, "video_jobs", None)
+    if jobs is None:
+        raise OmniServiceUnavailableError("The video job store is not running.")
+    return jobs
+
+
+async def _job(conn: HTTPConnection, video_id: str) -> Job:
+    job = await _jobs_of(conn).get(video_id)
+    if job is None:
+        raise VLLMNotFoundError("No video job with this id.")
+    return job
+
+
+# -- request parsing -----------------------------------------------------------
+
+
+async def _create_fields(request: Request) -> dict[str, Any]:
+    """The create fields, from a multipart/url-encoded form or a JSON object."""
+    content_type = request.headers.get("content-type", "").lower()
+    if content_type.startswith(
+        ("multipart/form-data", "application/x-www-form-urlencoded")
+    ):
+        fields: dict[str, Any] = {}
+        async with request.form() as form:
+            for key, value in form.multi_items():
+                if isinstance(value, UploadFile):
+                    if key == "input_reference":
+                        raise OmniNotImplementedError(
+                            "input_reference is not supported by this server."
+                        )
+                    raise VLLMValidationError(
+                        "file uploads are not accepted here", parameter=key
+                    )
+                fields[key] = value
+        return fields
+    raw = await request.body()
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        body = None
+    if not isinstance(body, dict):
+        raise VLLMValidationError(
+            "The request body must be a JSON object or a multipart form."
+        )
+    return body
+
+
+def _string(fields: dict[str, Any], name: str) -> str | None:
+    value = fields.get(name)
+    if value is not None and not isinstance(value, str):
+        raise VLLMValidationError(f"{name} must be a string", parameter=name)
+    return value
+
+
+def _seconds(value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, str) and _SECONDS_RE.fullmatch(value.strip()):
+        number = float(value)
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        number = float(value)
+    else:
+        number = -1.0
+    if not 0 < number < 10_000:
+        raise VLLMValidationError(
+            "seconds must be a positive number of seconds, e.g. '4'",
+            parameter="seconds",
+        )
+    return number
+
+
+def _size(fields: dict[str, Any]) -> str | None:
+    size = _string(fields, "size")
+    if size is not None and not _SIZE_RE.fullmatch(size):
+        raise VLLMValidationError(
+            "size must be 'WIDTHxHEIGHT', e.g. '128x128'", parameter="size"
+        )
+    return size
+
+
+def _prompt(fields: dict[str, Any]) -> str:
+    prompt = fields.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise VLLMValidationError(
+            "prompt is required and must be a non-empty string", parameter="prompt"
+        )
+    if len(prompt) > _MAX_PROMPT_CHARS:
+        raise VLLMValidationError(
+            f"prompt must be at most {_MAX_PROMPT_CHARS} characters",
+            parameter="prompt",
+        )
+    return prompt
+
+
+def _page_args(request: Request) -> tuple[int, str | None, bool]:
+    query = request.query_params
+    raw_limit = query.get("limit")
+    limit = _DEFAULT_PAGE
+    if raw_limit is not None:
+        limit = int(raw_limit) if raw_limit.isdigit() else 0
+        if not 1 <= limit <= _MAX_PAGE:
+            raise VLLMValidationError(
+                f"limit must be an integer between 1 and {_MAX_PAGE}",
+                parameter="limit",
+            )
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise VLLMValidationError("order must be 'asc' or 'desc'", parameter="order")
+    return limit, query.get("after"), order == "desc"
+
+
+# -- routes ----------------------------------------------------------------------
+
+
+@router.post("/v1/videos")
+async def create_video(request: Request) -> dict[str, Any]:
+    engine = engine_of(request)
+    await engine.check_health()
+    fields = await _create_fields(request)
+    check_model(engine, _string(fields, "model"))
+    require_modality(engine, "video")
+    prompt = _prompt(fields)
+    seconds = _seconds(fields.get("seconds"))
+    size = _size(fields)
+    params: dict[str, Any] = {}
+    if seconds is not None:
+        params["seconds"] = seconds
+    if size is not None:
+        params["size"] = size
+    job = await _jobs_of(request).submit(
+        prompt=prompt,
+        params=params,
+        seconds=None if seconds is None else f"{seconds:g}",
+        size=size,
+    )
+    return job.to_api()
+
+
+@router.get("/v1/videos")
+async def list_videos(request: Request) -> dict[str, Any]:
+    limit, after, newest_first = _page_args(request)
+    page = await _jobs_of(request).list(
+        limit=limit, after=after, newest_first=newest_first
+    )
+    if page is None:
+        raise VLLMValidationError(
+            "after must be the id of a listed video job", parameter="after"
+        )
+    jobs, has_more = page
+    data = [job.to_api() for job in jobs]
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": has_more,
+    }
+
+
+@router.get("/v1/videos/{video_id}")
+async def retrieve_video(video_id: str, request: Request) -> dict[str, Any]:
+    return (await _job(request, video_id)).to_api()
+
+
+@router.delete("/v1/videos/{video_id}")
+async def delete_video(video_id: str, request: Request) -> dict[str, Any]:
+    jobs = _jobs_of(request)
+    job = await _job(request, video_id)
+    if not job.finished and await jobs.cancel(video_id):
+        # Kept as a record (status "cancelled"); a second DELETE removes it.
+        return {
+            "id": video_id,
+            "object": "video.deleted",
+            "deleted": False,
+            "status": "cancelled",
+        }
+    if not await jobs.delete(video_id):
+        raise VLLMNotFoundError("No video job with this id.")
+    return {"id": video_id, "object": "video.deleted", "deleted": True}
+
+
+@router.get("/v1/videos/{video_id}/content")
+async def download_video(video_id: str, request: Request) -> Response:
+    variant = request.query_params.get("variant", "video")
+    if variant not in _VARIANTS:
+        raise VLLMValidationError(
+            f"variant must be one of {', '.join(_VARIANTS)}", parameter="variant"
+        )
+    job = await _job(request, video_id)
+    if job.status == "failed":
+        # The stored status and body, exactly as the job recorded them.
+        raise to_exception(job.stored_error())
+    if job.status != "completed":
+        raise OmniConflictError(
+            f"The video job is {job.status.replace('_', ' ')}; it has no content."
+        )
+    if variant != "video":
+        raise OmniNotImplementedError(
+            f"The {variant} variant is not available; download the video."
+        )
+    content = await _jobs_of(request).content(video_id)
+    if content is None:
+        raise VLLMNotFoundError("No video job with this id.")
+    return Response(content, media_type="image/gif")
+
+
+@router.post("/v1/videos/{video_id}/remix")
+async def remix_video(video_id: str) -> dict[str, Any]:
+    raise OmniNotImplementedError("Video remix is not implemented by this server.")
