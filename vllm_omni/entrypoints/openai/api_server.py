@@ -90,7 +90,7 @@ def build_app(args: argparse.Namespace) -> FastAPI:
         )
     install_error_handling(app, mode=args.error_mode)
     Instrumentator(excluded_handlers=_UNMETERED).instrument(app).expose(
-        app, response_class=_PrometheusResponse
+        app, response_class=_PrometheusResponse, include_in_schema=False
     )
     return app
 

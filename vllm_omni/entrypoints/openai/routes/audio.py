@@ -35,7 +35,11 @@ class SpeechRequest(BaseModel):
     speed: float | None = None
 
 
-@router.post("/v1/audio/speech")
+@router.post(
+    "/v1/audio/speech",
+    response_class=Response,
+    responses={200: {"content": {"audio/wav": {}}, "description": "WAV audio"}},
+)
 async def create_speech(body: SpeechRequest, request: Request) -> Response:
     engine = engine_of(request)
     await engine.check_health()

@@ -115,7 +115,16 @@ def _audio_object(output: OmniRequestOutput, completion_id: str) -> dict[str, An
     }
 
 
-@router.post("/v1/chat/completions", response_model=None)
+@router.post(
+    "/v1/chat/completions",
+    response_model=None,
+    responses={
+        200: {
+            "description": "A chat completion, or with stream=true an SSE stream",
+            "content": {"application/json": {}, "text/event-stream": {}},
+        }
+    },
+)
 async def create_chat_completion(
     body: ChatCompletionRequest, request: Request
 ) -> dict[str, Any] | StreamingResponse:

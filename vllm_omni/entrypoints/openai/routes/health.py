@@ -15,7 +15,7 @@ PUBLIC = True
 router = APIRouter()
 
 
-@router.get("/health")
+@router.get("/health", response_class=Response)
 async def health(request: Request) -> Response:
     engine = engine_of(request)
     if engine.errored or not engine.is_running:
