@@ -1,0 +1,416 @@
+"""Async video jobs end to end: a real ``vllm-omni serve``, the OpenAI SDK.
+
+One server per module, on the reference stages with two video fault markers
+(``@boom`` raises in the video stage, ``@hang`` sleeps past any test), behind
+an API key, with its own job store; the last test restarts it on the same
+store. What is pinned (DESIGN §4, async jobs): a job's GIF; a failed job's
+stored canonical error, returned unchanged by ``retrieve`` and answered with
+its own status and body by ``download_content`` (server and client errors
+alike); 409 for content of an unfinished or cancelled job; 501 remix; 404
+for unknown ids; cancellation and deletion; and a restart that keeps stored
+errors byte for byte and fails interrupted jobs with 503.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from PIL import Image
+
+from tests.e2e.conftest import API_KEY
+from tests.e2e.omni_server import FAULTS, OmniServer, start_server, write_pipeline
+from tests.e2e.servers import metric_samples, sample_delta, serve_in_thread
+
+pytestmark = pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")
+
+GENERIC = "The server had an error while processing your request."
+RESTARTED = "The server restarted before the job finished; submit it again."
+VIDEO_FAULTS: list[dict[str, Any]] = [
+    {"stage": "video", "marker": "@boom", "action": "raise"},
+    {"stage": "video", "marker": "@hang", "action": "hang"},
+]
+ERRORS = "vllm_omni:errors_total"
+
+
+@dataclass
+class VideoServer:
+    """The module's server; ``restart`` replaces it on the same job store."""
+
+    directory: Path
+    pipeline: Path
+    job_store: Path
+    server: OmniServer
+
+    @property
+    def url(self) -> str:
+        return self.server.base_url
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=API_KEY, max_retries=0)
+
+    def restart(self) -> None:
+        self.server.stop()
+        self.server = start_server(
+            self.directory, self.pipeline, api_key=API_KEY, job_store=self.job_store
+        )
+        self.server.wait_ready()
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VideoServer]:
+    directory = tmp_path_factory.mktemp("videos")
+    pipeline = write_pipeline(directory, faults=VIDEO_FAULTS + FAULTS)
+    # A parent that does not exist yet: the server creates it.
+    job_store = directory / "store" / "jobs.sqlite3"
+    server = start_server(directory, pipeline, api_key=API_KEY, job_store=job_store)
+    holder = VideoServer(directory, pipeline, job_store, server)
+    try:
+        server.wait_ready()
+        yield holder
+    finally:
+        holder.server.stop()
+
+
+@pytest.fixture()
+def client(videos: VideoServer) -> Iterator[openai.OpenAI]:
+    with videos.client() as sdk:
+        yield sdk
+
+
+def _wait(client: openai.OpenAI, video_id: str, *statuses: str) -> Any:
+    deadline = time.monotonic() + 15
+    while True:
+        video = client.videos.retrieve(video_id)
+        if video.status in statuses or time.monotonic() > deadline:
+            assert video.status in statuses, video
+            return video
+        time.sleep(0.05)
+
+
+def _raw_error(videos: VideoServer, video_id: str) -> str:
+    """The ``error`` member of the retrieve body, as the JSON text it was sent as."""
+    response = httpx.get(
+        f"{videos.url}/v1/videos/{video_id}", headers=videos.server.headers()
+    )
+    assert response.status_code == 200
+    return json.dumps(response.json()["error"])
+
+
+def _gif_frames(data: bytes) -> int:
+    with Image.open(io.BytesIO(data)) as image:
+        assert image.format == "GIF"
+        return int(image.n_frames)
+
+
+# -- success -------------------------------------------------------------------------
+
+
+def test_job_completes_and_content_is_a_gif(client: openai.OpenAI) -> None:
+    created = client.videos.create(prompt="a red ball", seconds="1", size="64x64")
+    assert created.object == "video"
+    assert created.status == "queued"
+    assert created.id.startswith("video_")
+    assert created.model == "omni-reference"
+    assert (created.seconds, created.size, created.error) == ("1", "64x64", None)
+
+    done = _wait(client, created.id, "completed")
+    assert done.progress == 100
+    assert done.completed_at is not None and done.completed_at >= done.created_at
+    content = client.videos.download_content(created.id)
+    assert content.response.headers["content-type"] == "image/gif"
+    assert _gif_frames(content.read()) > 1
+
+
+def test_json_body_is_accepted(videos: VideoServer, client: openai.OpenAI) -> None:
+    response = httpx.post(
+        videos.url + "/v1/videos",
+        json={"prompt": "json body", "seconds": 0.5, "size": "64x64"},
+        headers=videos.server.headers(),
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["status"] == "queued"
+    assert response.json()["seconds"] == "0.5"
+    _wait(client, response.json()["id"], "completed")
+
+
+def test_list_is_newest_first_and_pages(client: openai.OpenAI) -> None:
+    ids = [client.videos.create(prompt=f"list {i}", seconds="0.2").id for i in range(3)]
+    page = client.videos.list(limit=2)
+    assert [v.id for v in page.data] == ids[::-1][:2]
+    assert page.has_more is True
+    listed = [v.id for v in client.videos.list(limit=2)]  # the SDK follows cursors
+    assert listed[:3] == ids[::-1]
+    assert len(listed) == len(set(listed))
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.videos.list(limit=0)
+    assert caught.value.body["param"] == "limit"  # type: ignore[index]
+
+
+# -- request errors ------------------------------------------------------------------
+
+# (create arguments, SDK exception, status, error.type, param)
+CREATE_ERRORS: dict[str, tuple[dict[str, Any], type[Exception], int, str, Any]] = {
+    "empty prompt": (
+        {"prompt": " "},
+        openai.BadRequestError,
+        400,
+        "BadRequestError",
+        "prompt",
+    ),
+    "seconds not a number": (
+        {"prompt": "x", "seconds": "four"},
+        openai.BadRequestError,
+        400,
+        "BadRequestError",
+        "seconds",
+    ),
+    "size not WxH": (
+        {"prompt": "x", "size": "large"},
+        openai.BadRequestError,
+        400,
+        "BadRequestError",
+        "size",
+    ),
+    "unknown model": (
+        {"prompt": "x", "model": "sora-2"},
+        openai.NotFoundError,
+        404,
+        "NotFoundError",
+        None,
+    ),
+    "input_reference": (
+        {"prompt": "x", "input_reference": ("ref.png", b"\x89PNG", "image/png")},
+        openai.InternalServerError,
+        501,
+        "NotImplementedError",
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CREATE_ERRORS))
+def test_create_errors(client: openai.OpenAI, name: str) -> None:
+    kwargs, exc_type, status, error_type, param = CREATE_ERRORS[name]
+    with pytest.raises(exc_type) as caught:
+        client.videos.create(**kwargs)
+    error = caught.value.body  # type: ignore[attr-defined]
+    assert caught.value.status_code == status  # type: ignore[attr-defined]
+    assert (error["code"], error["type"], error["param"]) == (status, error_type, param)
+    assert caught.value.response.headers["x-request-id"] == error["request_id"]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [({"prompt": 5}, "prompt"), ({"prompt": "x", "size": 64}, "size"), ([1], None)],
+)
+def test_create_json_errors(videos: VideoServer, body: Any, param: str | None) -> None:
+    response = httpx.post(
+        videos.url + "/v1/videos", json=body, headers=videos.server.headers()
+    )
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["code"], error["type"], error["param"]) == (
+        400,
+        "BadRequestError",
+        param,
+    )
+
+
+def test_unknown_id_is_404(client: openai.OpenAI) -> None:
+    for call in (
+        client.videos.retrieve,
+        client.videos.download_content,
+        client.videos.delete,
+    ):
+        with pytest.raises(openai.NotFoundError) as caught:
+            call("video_nope")
+        assert caught.value.body["type"] == "NotFoundError"  # type: ignore[index]
+
+
+def test_remix_is_501(client: openai.OpenAI) -> None:
+    video = client.videos.create(prompt="remix me", seconds="0.2")
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.videos.remix(video.id, prompt="again")
+    assert caught.value.status_code == 501
+    assert caught.value.body["type"] == "NotImplementedError"  # type: ignore[index]
+    assert caught.value.body["code"] == 501  # type: ignore[index]
+
+
+# -- failed jobs ---------------------------------------------------------------------
+
+
+def test_failed_job_stores_canonical_error(
+    videos: VideoServer, client: openai.OpenAI
+) -> None:
+    before = metric_samples(videos.url)
+    video = client.videos.create(prompt="a crash @boom", seconds="0.2")
+    failed = _wait(client, video.id, "failed")
+    stored = json.loads(_raw_error(videos, video.id))
+    assert stored == {
+        "message": GENERIC,
+        "type": "InternalServerError",
+        "param": None,
+        "code": 500,
+        "request_id": video.id,
+        "stage_id": 5,
+    }
+    assert failed.error.code == 500
+    assert (
+        sample_delta(
+            before, metric_samples(videos.url), ERRORS, transport="job", code="500"
+        )
+        == 1
+    )
+
+    with pytest.raises(openai.InternalServerError) as caught:
+        client.videos.download_content(video.id)
+    assert caught.value.status_code == 500
+    assert caught.value.body == stored
+    # The prompt is stored but never part of an error.
+    assert "crash" not in json.dumps(stored)
+
+
+def test_client_error_job_answers_its_own_status(
+    videos: VideoServer, client: openai.OpenAI
+) -> None:
+    """A limit of the video stage fails the job with a 400 the download repeats."""
+    video = client.videos.create(prompt="too long", seconds="99")
+    _wait(client, video.id, "failed")
+    stored = json.loads(_raw_error(videos, video.id))
+    assert (stored["code"], stored["type"], stored["param"]) == (
+        400,
+        "BadRequestError",
+        "seconds",
+    )
+    assert stored["request_id"] == video.id
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.videos.download_content(video.id)
+    assert caught.value.body == stored
+
+
+# -- unfinished, cancelled, deleted ---------------------------------------------------
+
+
+def test_unfinished_content_is_409_and_delete_cancels(client: openai.OpenAI) -> None:
+    video = client.videos.create(prompt="forever @hang", seconds="0.2")
+    status = client.videos.retrieve(video.id).status
+    assert status in ("queued", "in_progress")
+    with pytest.raises(openai.ConflictError) as caught:
+        client.videos.download_content(video.id)
+    assert caught.value.body["type"] == "ConflictError"  # type: ignore[index]
+    assert caught.value.body["code"] == 409  # type: ignore[index]
+
+    cancelled = client.videos.delete(video.id)
+    assert (cancelled.id, cancelled.deleted) == (video.id, False)
+    assert client.videos.retrieve(video.id).status == "cancelled"
+    with pytest.raises(openai.ConflictError):
+        client.videos.download_content(video.id)
+
+    removed = client.videos.delete(video.id)
+    assert (removed.id, removed.deleted, removed.object) == (
+        video.id,
+        True,
+        "video.deleted",
+    )
+    with pytest.raises(openai.NotFoundError):
+        client.videos.retrieve(video.id)
+
+
+def test_delete_finished_job(client: openai.OpenAI) -> None:
+    video = client.videos.create(prompt="short lived", seconds="0.2")
+    _wait(client, video.id, "completed")
+    assert client.videos.delete(video.id).deleted is True
+    with pytest.raises(openai.NotFoundError):
+        client.videos.retrieve(video.id)
+    with pytest.raises(openai.NotFoundError):
+        client.videos.download_content(video.id)
+
+
+def test_pipeline_without_video_stage_is_503() -> None:
+    """In process, on a stand-in engine that has no video stage."""
+    from vllm_omni.entrypoints.openai.api_server import build_app
+
+    app = build_app(argparse.Namespace(api_key=None, error_mode="strict"))
+    app.state.engine_client = _ImageOnlyEngine()
+    with (
+        serve_in_thread(app) as url,
+        openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as sdk,
+    ):
+        with pytest.raises(openai.InternalServerError) as caught:
+            sdk.videos.create(prompt="x")
+    assert caught.value.status_code == 503
+    assert caught.value.body["type"] == "ServiceUnavailableError"  # type: ignore[index]
+
+
+class _ImageOnlyEngine:
+    model_name = "omni-reference"
+    modalities = frozenset({"image"})
+    errored = False
+    is_running = True
+
+    async def check_health(self) -> None:
+        return None
+
+
+# -- restart (last: it replaces the module's server) ------------------------------
+
+
+def test_restart_keeps_errors_and_fails_interrupted_jobs(
+    videos: VideoServer,
+) -> None:
+    with videos.client() as sdk:
+        completed = sdk.videos.create(prompt="survivor", seconds="0.2").id
+        failed = sdk.videos.create(prompt="boom @boom", seconds="0.2").id
+        _wait(sdk, completed, "completed")
+        _wait(sdk, failed, "failed")
+        # Only the job below may be unfinished when the server stops.
+        for video in sdk.videos.list():
+            _wait(sdk, video.id, "completed", "failed", "cancelled")
+        interrupted = sdk.videos.create(prompt="long @hang", seconds="0.2").id
+        _wait(sdk, interrupted, "in_progress")
+    failed_error = _raw_error(videos, failed)
+
+    videos.restart()  # SIGTERM while ``interrupted`` is generating
+
+    with videos.client() as sdk:
+        assert _raw_error(videos, failed) == failed_error
+        assert _gif_frames(sdk.videos.download_content(completed).read()) > 1
+
+        video = sdk.videos.retrieve(interrupted)
+        assert video.status == "failed"
+        stored = json.loads(_raw_error(videos, interrupted))
+        assert stored == {
+            "message": RESTARTED,
+            "type": "ServiceUnavailableError",
+            "param": None,
+            "code": 503,
+            "request_id": interrupted,
+        }
+        with pytest.raises(openai.InternalServerError) as caught:
+            sdk.videos.download_content(interrupted)
+        assert caught.value.status_code == 503
+        assert caught.value.body == stored
+    assert (
+        metric_samples(videos.url).get(
+            (
+                ERRORS,
+                (
+                    ("category", "server"),
+                    ("code", "503"),
+                    ("transport", "job"),
+                    ("type", "ServiceUnavailableError"),
+                ),
+            )
+        )
+        == 1
+    )
