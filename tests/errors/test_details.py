@@ -78,9 +78,10 @@ VALID = {
         ({"parameter": "p" * 129}, "parameter must be a plain field path"),
         ({"request_id": "has space"}, "request_id must be a short token"),
         ({"request_id": ""}, "request_id must be a short token"),
-        ({"stage_id": -1}, "stage_id must be a non-negative int"),
-        ({"stage_id": True}, "stage_id must be a non-negative int"),
-        ({"stage_id": "0"}, "stage_id must be a non-negative int"),
+        ({"stage_id": -1}, "stage_id must be an int from 0 to 2147483647"),
+        ({"stage_id": True}, "stage_id must be an int from 0 to 2147483647"),
+        ({"stage_id": "0"}, "stage_id must be an int from 0 to 2147483647"),
+        ({"stage_id": 2**31}, "stage_id must be an int from 0 to 2147483647"),
     ],
 )
 def test_invariant_violation_is_a_runtime_error(
@@ -328,7 +329,7 @@ def records(draw: st.DrawFn) -> OmniErrorDetails:
         error_type=draw(ERROR_TYPES),
         parameter=draw(st.none() | PARAMETERS),
         request_id=draw(st.none() | REQUEST_IDS),
-        stage_id=draw(st.none() | st.integers(0, 2**31)),
+        stage_id=draw(st.none() | st.integers(0, 2**31 - 1)),
         fatal=category == "server" and draw(st.booleans()),
     )
 

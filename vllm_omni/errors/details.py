@@ -53,6 +53,16 @@ LEGACY_WIRE_FIELDS = (
 )
 
 
+# Stage ids index a pipeline's stages; the bound keeps them encodable by every
+# wire format (msgpack's int range) and out of absurd label territory.
+MAX_STAGE_ID = 2**31 - 1
+
+
+def is_stage_id(value: object) -> bool:
+    """True for a plausible stage id: an int (not bool) in 0..2**31-1."""
+    return type(value) is int and 0 <= value <= MAX_STAGE_ID
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -97,10 +107,8 @@ class OmniErrorDetails:
             return "parameter must be a plain field path"
         if self.request_id is not None and sanitize_request_id(self.request_id) is None:
             return "request_id must be a short token"
-        if self.stage_id is not None and not (
-            _is_int(self.stage_id) and self.stage_id >= 0
-        ):
-            return "stage_id must be a non-negative int"
+        if self.stage_id is not None and not is_stage_id(self.stage_id):
+            return "stage_id must be an int from 0 to 2147483647"
         return None
 
     @property
@@ -150,7 +158,7 @@ class OmniErrorDetails:
             # raises and whose hash collides with one of ours).
             request_id = sanitize_request_id(data.get("request_id"))
             stage = data.get("stage_id")
-            stage_id = stage if _is_int(stage) and stage >= 0 else None
+            stage_id = stage if is_stage_id(stage) else None
             return _read_wire(data, request_id, stage_id)
         except Exception:
             return cls(

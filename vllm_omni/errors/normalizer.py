@@ -13,7 +13,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
-from vllm_omni.errors.details import GENERIC_SERVER_MESSAGE, OmniErrorDetails
+from vllm_omni.errors.details import (
+    GENERIC_SERVER_MESSAGE,
+    OmniErrorDetails,
+    is_stage_id,
+)
 from vllm_omni.errors.sanitize import (
     sanitize_message,
     sanitize_parameter,
@@ -72,12 +76,8 @@ def _own_text(exc: BaseException) -> str:
 
 def _stage_of(exc: BaseException, fallback: int | None) -> int | None:
     for candidate in (_attr(exc, "stage_id"), fallback):
-        if (
-            isinstance(candidate, int)
-            and not isinstance(candidate, bool)
-            and candidate >= 0
-        ):
-            return candidate
+        if is_stage_id(candidate):
+            return candidate  # type: ignore[no-any-return]
     return None
 
 
@@ -166,7 +166,7 @@ def normalize(
             500,
             "InternalServerError",
             request_id=request_id,
-            stage_id=stage_id if type(stage_id) is int and stage_id >= 0 else None,
+            stage_id=stage_id if is_stage_id(stage_id) else None,
         )
 
 
