@@ -1,0 +1,296 @@
+"""``WS /v1/realtime`` end to end: the shared ``vllm-omni serve`` (API key,
+fault markers, guardrail), a real ``websockets`` client, real metrics.
+
+What is pinned (DESIGN §4, WebSocket): a denied handshake carries the
+canonical status and body (401 wrong key, 503 no text stage); a text and a
+text+audio response stream; a malformed event gets one error event with its
+``event_id`` and the session goes on; a failed response sends one error
+event and closes 1011 (server) or 1008 (client); a client that leaves
+mid-response aborts the request and is not counted as an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import io
+import json
+import time
+import wave
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import ClientConnection, connect
+
+from tests.e2e.omni_server import REFERENCE_STAGES, OmniServer
+from tests.e2e.servers import metric_samples, sample_delta, serve_in_thread
+
+GENERIC = "The server had an error while processing your request."
+ERRORS = "vllm_omni:errors_total"
+TEXT_TIMEOUT_S = next(s["timeout_s"] for s in REFERENCE_STAGES if s["kind"] == "text")
+
+
+def _url(base_url: str) -> str:
+    return base_url.replace("http://", "ws://", 1) + "/v1/realtime"
+
+
+@pytest.fixture()
+def session(omni_server: OmniServer) -> Iterator[tuple[ClientConnection, str]]:
+    """An open session and its id (from ``session.created``)."""
+    with connect(
+        _url(omni_server.base_url), additional_headers=omni_server.headers()
+    ) as ws:
+        created = _recv(ws)
+        assert created["type"] == "session.created"
+        yield ws, created["session"]["id"]
+
+
+def _recv(ws: ClientConnection) -> dict[str, Any]:
+    event = json.loads(ws.recv(timeout=10))
+    assert isinstance(event, dict)
+    return event
+
+
+def _create(ws: ClientConnection, event_id: str | None = None, **response: Any) -> None:
+    event: dict[str, Any] = {"type": "response.create", "response": response}
+    if event_id is not None:
+        event["event_id"] = event_id
+    ws.send(json.dumps(event))
+
+
+def _until_done(ws: ClientConnection) -> list[dict[str, Any]]:
+    events = []
+    while True:
+        events.append(_recv(ws))
+        if events[-1]["type"] in ("response.done", "error"):
+            return events
+
+
+def _closed_code(ws: ClientConnection) -> int | None:
+    with pytest.raises(ConnectionClosed) as caught:
+        ws.recv(timeout=10)
+    return caught.value.rcvd.code if caught.value.rcvd else None
+
+
+# -- responses ---------------------------------------------------------------------
+
+
+def test_text_session_runs_several_responses(
+    session: tuple[ClientConnection, str],
+) -> None:
+    ws, _ = session
+    for prompt in ("hello realtime", "and again"):
+        _create(ws, "t1", instructions=prompt, max_tokens=16)
+        events = _until_done(ws)
+        kinds = [e["type"] for e in events]
+        assert kinds[0] == "response.created"
+        assert kinds[-2:] == ["response.text.done", "response.done"]
+        deltas = "".join(
+            e["delta"] for e in events if e["type"] == "response.text.delta"
+        )
+        assert deltas == f"You said: {prompt}"
+        assert events[-2]["text"] == deltas
+        done = events[-1]["response"]
+        assert (done["status"], done["finish_reason"]) == ("completed", "stop")
+        assert done["id"] == events[0]["response"]["id"]
+
+
+def test_text_and_audio(session: tuple[ClientConnection, str]) -> None:
+    ws, _ = session
+    _create(ws, instructions="speak to me", modalities=["text", "audio"])
+    events = _until_done(ws)
+    assert events[-1]["type"] == "response.done"
+    audio = [e["delta"] for e in events if e["type"] == "response.audio.delta"]
+    assert len(audio) == 1
+    with wave.open(io.BytesIO(base64.b64decode(audio[0]))) as wav:
+        assert (wav.getnchannels(), wav.getsampwidth()) == (1, 2)
+        assert wav.getnframes() > 0
+    assert "response.audio.done" in [e["type"] for e in events]
+
+
+# -- malformed events: one error event each, the session goes on --------------------
+
+# name: (frame, echoed event_id, param)
+MALFORMED: dict[str, tuple[str, str | None, str | None]] = {
+    "not json": ("{oops", None, None),
+    "not an object": ("[1, 2]", None, None),
+    "no type": ('{"event_id": "m1"}', "m1", "type"),
+    "unknown type": ('{"type": "session.update", "event_id": "m2"}', "m2", "type"),
+    "no response": ('{"type": "response.create", "event_id": "m3"}', "m3", "response"),
+    "no instructions": (
+        '{"type": "response.create", "event_id": "m4", "response": {}}',
+        "m4",
+        "response.instructions",
+    ),
+    "bad modalities": (
+        '{"type": "response.create", "event_id": "m5",'
+        ' "response": {"instructions": "x", "modalities": ["video"]}}',
+        "m5",
+        "response.modalities",
+    ),
+    "max_tokens type": (
+        '{"type": "response.create", "event_id": "m6",'
+        ' "response": {"instructions": "x", "max_tokens": "5"}}',
+        "m6",
+        "response.max_tokens",
+    ),
+    "temperature type": (
+        '{"type": "response.create", "event_id": "m7",'
+        ' "response": {"instructions": "x", "temperature": true}}',
+        "m7",
+        "response.temperature",
+    ),
+    "bad event_id": ('{"type": "response.create", "event_id": 5}', None, "event_id"),
+}
+
+
+def test_malformed_events_then_a_valid_one(
+    omni_server: OmniServer, session: tuple[ClientConnection, str]
+) -> None:
+    ws, session_id = session
+    before = metric_samples(omni_server.base_url)
+    for name, (frame, event_id, param) in MALFORMED.items():
+        ws.send(frame)
+        event = _recv(ws)
+        assert event["type"] == "error", name
+        assert event.get("event_id") == event_id, name
+        assert event["error"] == {
+            "message": event["error"]["message"],
+            "type": "BadRequestError",
+            "param": param,
+            "code": 400,
+            "request_id": session_id,
+        }, name
+    ws.send(b"binary frame")
+    assert _recv(ws)["error"]["code"] == 400
+    after = metric_samples(omni_server.base_url)
+    assert (
+        sample_delta(before, after, ERRORS, transport="websocket", code="400")
+        == len(MALFORMED) + 1
+    )
+
+    _create(ws, "ok", instructions="still here")
+    assert _until_done(ws)[-1]["response"]["status"] == "completed"
+
+
+# -- failed responses: one error event, then close ------------------------------------
+
+
+def test_stage_failure_closes_1011(session: tuple[ClientConnection, str]) -> None:
+    ws, session_id = session
+    _create(ws, "f1", instructions="explode @boom")
+    events = _until_done(ws)
+    assert [e["type"] for e in events] == ["response.created", "error"]
+    assert events[-1]["event_id"] == "f1"
+    assert events[-1]["error"] == {
+        "message": GENERIC,
+        "type": "InternalServerError",
+        "param": None,
+        "code": 500,
+        "request_id": session_id,
+        "stage_id": 1,
+    }
+    assert _closed_code(ws) == 1011
+
+
+def test_guardrail_closes_1008(session: tuple[ClientConnection, str]) -> None:
+    ws, _ = session
+    _create(ws, "g1", instructions="tell me about forbidden-topic")
+    error = _until_done(ws)[-1]
+    assert error["type"] == "error" and error["event_id"] == "g1"
+    assert (error["error"]["type"], error["error"]["code"]) == (
+        "GuardrailViolationError",
+        400,
+    )
+    assert error["error"]["stage_id"] == 0
+    assert "forbidden-topic" not in error["error"]["message"]
+    assert _closed_code(ws) == 1008
+
+
+def test_stage_parameter_rejection_closes_1008(
+    session: tuple[ClientConnection, str],
+) -> None:
+    ws, _ = session
+    _create(ws, "p1", instructions="x", max_tokens=100_000)
+    error = _until_done(ws)[-1]["error"]
+    assert (error["code"], error["param"], error["stage_id"]) == (400, "max_tokens", 1)
+    assert _closed_code(ws) == 1008
+
+
+# -- handshake denials ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("headers", [{"Authorization": "Bearer wrong"}, {}])
+def test_wrong_api_key_denies_the_handshake(
+    omni_server: OmniServer, headers: dict[str, str]
+) -> None:
+    with pytest.raises(InvalidStatus) as caught:
+        connect(_url(omni_server.base_url), additional_headers=headers)
+    response = caught.value.response
+    assert response.status_code == 401
+    assert response.headers["content-type"] == "application/json"
+    assert json.loads(response.body) == {
+        "error": {
+            "message": "Invalid or missing API key.",
+            "type": "AuthenticationError",
+            "param": None,
+            "code": 401,
+            "request_id": response.headers["x-request-id"],
+        }
+    }
+
+
+def test_pipeline_without_text_stage_denies_503() -> None:
+    """In process, on a stand-in engine that has no text stage."""
+    from vllm_omni.entrypoints.openai.api_server import build_app
+
+    app = build_app(argparse.Namespace(api_key=None, error_mode="strict"))
+    app.state.engine_client = _VideoOnlyEngine()
+    with serve_in_thread(app) as url, pytest.raises(InvalidStatus) as caught:
+        connect(_url(url))
+    response = caught.value.response
+    assert response.status_code == 503
+    error = json.loads(response.body)["error"]
+    assert (error["type"], error["code"]) == ("ServiceUnavailableError", 503)
+
+
+class _VideoOnlyEngine:
+    model_name = "omni-reference"
+    modalities = frozenset({"video"})
+    errored = False
+    is_running = True
+
+    async def check_health(self) -> None:
+        return None
+
+
+# -- client disconnect -------------------------------------------------------------
+
+
+def test_disconnect_mid_response_aborts_and_is_not_an_error(
+    omni_server: OmniServer,
+) -> None:
+    """The text stage hangs on ``@hang``; a request that was not aborted would
+    hit the stage deadline and render a 504 error event (counted, logged)."""
+    before = metric_samples(omni_server.base_url)
+    with connect(
+        _url(omni_server.base_url), additional_headers=omni_server.headers()
+    ) as ws:
+        session_id = _recv(ws)["session"]["id"]
+        _create(ws, instructions="wait for it @hang")
+        assert _recv(ws)["type"] == "response.created"
+    time.sleep(TEXT_TIMEOUT_S + 1.0)
+
+    after = metric_samples(omni_server.base_url)
+    assert sample_delta(before, after, ERRORS, transport="websocket") == 0
+    assert session_id not in omni_server.log()
+    assert httpx.get(omni_server.base_url + "/health").status_code == 200
+    with connect(
+        _url(omni_server.base_url), additional_headers=omni_server.headers()
+    ) as ws:
+        _recv(ws)
+        _create(ws, instructions="next session")
+        assert _until_done(ws)[-1]["type"] == "response.done"
