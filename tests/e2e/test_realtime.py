@@ -210,6 +210,18 @@ def test_guardrail_closes_1008(session: tuple[ClientConnection, str]) -> None:
     assert _closed_code(ws) == 1008
 
 
+def test_unavailable_closes_1013(session: tuple[ClientConnection, str]) -> None:
+    ws, _ = session
+    _create(ws, "u1", instructions="busy @unavailable")
+    error = _until_done(ws)[-1]
+    assert error["event_id"] == "u1"
+    assert (error["error"]["type"], error["error"]["code"]) == (
+        "ServiceUnavailableError",
+        503,
+    )
+    assert _closed_code(ws) == 1013
+
+
 def test_stage_parameter_rejection_closes_1008(
     session: tuple[ClientConnection, str],
 ) -> None:
