@@ -137,6 +137,13 @@ MALFORMED: dict[str, tuple[str, str | None, str | None]] = {
         "m6",
         "response.max_tokens",
     ),
+    "max_tokens past 64 bits": (
+        '{"type": "response.create", "event_id": "m8",'
+        ' "response": {"instructions": "x", "max_tokens": 1' + "0" * 30 + "}}",
+        "m8",
+        "response.max_tokens",
+    ),
+    "nested too deep": ("[" * 100_000, None, None),
     "temperature type": (
         '{"type": "response.create", "event_id": "m7",'
         ' "response": {"instructions": "x", "temperature": true}}',

@@ -211,11 +211,21 @@ def test_create_errors(client: openai.OpenAI, name: str) -> None:
 
 @pytest.mark.parametrize(
     ("body", "param"),
-    [({"prompt": 5}, "prompt"), ({"prompt": "x", "size": 64}, "size"), ([1], None)],
+    [
+        ('{"prompt": 5}', "prompt"),
+        ('{"prompt": "x", "size": 64}', "size"),
+        ('{"prompt": "x", "seconds": 1' + "0" * 400 + "}", "seconds"),
+        ('{"prompt": "x", "seconds": 1' + "0" * 5000 + "}", None),
+        ("[" * 100_000, None),
+        ("[1]", None),
+    ],
+    ids=["prompt", "size", "huge seconds", "digit limit", "deep", "not an object"],
 )
-def test_create_json_errors(videos: VideoServer, body: Any, param: str | None) -> None:
+def test_create_json_errors(videos: VideoServer, body: str, param: str | None) -> None:
     response = httpx.post(
-        videos.url + "/v1/videos", json=body, headers=videos.server.headers()
+        videos.url + "/v1/videos",
+        content=body,
+        headers={**videos.server.headers(), "content-type": "application/json"},
     )
     assert response.status_code == 400
     error = response.json()["error"]

@@ -79,6 +79,7 @@ router = APIRouter()
 
 _EVENT_TYPES = ("response.create",)
 _MODALITY_SETS = (frozenset({"text"}), frozenset({"text", "audio"}))
+_INT64 = (-(2**63), 2**63 - 1)
 # Frames read ahead while a response runs; beyond this the reader waits.
 _INBOX_SIZE = 64
 
@@ -96,7 +97,9 @@ def _decode(frame: str | bytes) -> dict[str, Any]:
         raise VLLMValidationError("Events must be JSON text frames.")
     try:
         event = json.loads(frame)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
+        # Only the client's frame is parsed here: not JSON, an integer past
+        # the digit limit, or nested too deep.
         event = None
     if not isinstance(event, dict):
         raise VLLMValidationError("An event must be a JSON object.")
@@ -143,14 +146,19 @@ def _response_create(event: dict[str, Any], event_id: str | None) -> _ResponseCr
         )
     params: dict[str, Any] = {}
     for name, types, described in (
-        ("max_tokens", (int,), "an integer"),
+        ("max_tokens", (int,), "a 64-bit integer"),
         ("temperature", (int, float), "a number"),
         ("voice", (str,), "a string"),
     ):
         value = response.get(name)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, types):
+        # The stage checks the range; the stage wire carries 64-bit integers.
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, types)
+            or (isinstance(value, int) and not _INT64[0] <= value <= _INT64[1])
+        ):
             raise VLLMValidationError(
                 f"{name} must be {described}", parameter=f"response.{name}"
             )

@@ -56,8 +56,9 @@ __all__ = ["init_state", "router", "shutdown_state"]
 router = APIRouter()
 
 _MAX_PROMPT_CHARS = 32_000
-_SECONDS_RE = re.compile(r"\d{1,4}(?:\.\d{1,3})?")
-_SIZE_RE = re.compile(r"\d{1,5}x\d{1,5}")
+_SECONDS_RE = re.compile(r"[0-9]{1,4}(?:\.[0-9]{1,3})?")
+_SIZE_RE = re.compile(r"[0-9]{1,5}x[0-9]{1,5}")
+_LIMIT_RE = re.compile(r"[0-9]{1,4}")
 _FIELDS = ("prompt", "model", "seconds", "size")
 _VARIANTS = ("video", "thumbnail", "spritesheet")
 _DEFAULT_PAGE = 20
@@ -119,7 +120,9 @@ async def _create_fields(request: Request) -> dict[str, Any]:
     raw = await request.body()
     try:
         body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, RecursionError):
+        # Only the client's bytes are parsed here: undecodable, not JSON, an
+        # integer past the digit limit, or nested too deep.
         body = None
     if not isinstance(body, dict):
         raise VLLMValidationError(
@@ -139,17 +142,15 @@ def _seconds(value: object) -> float | None:
     if value is None:
         return None
     if isinstance(value, str) and _SECONDS_RE.fullmatch(value.strip()):
-        number = float(value)
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        number = float(value)
-    else:
-        number = -1.0
-    if not 0 < number < 10_000:
-        raise VLLMValidationError(
-            "seconds must be a positive number of seconds, e.g. '4'",
-            parameter="seconds",
-        )
-    return number
+        value = float(value)
+    # Compared before any conversion: float() of a huge int would overflow.
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if 0 < value < 10_000:
+            return float(value)
+    raise VLLMValidationError(
+        "seconds must be a positive number of seconds, e.g. '4'",
+        parameter="seconds",
+    )
 
 
 def _size(fields: dict[str, Any]) -> str | None:
@@ -180,7 +181,7 @@ def _page_args(request: Request) -> tuple[int, str | None, bool]:
     raw_limit = query.get("limit")
     limit = _DEFAULT_PAGE
     if raw_limit is not None:
-        limit = int(raw_limit) if raw_limit.isdigit() else 0
+        limit = int(raw_limit) if _LIMIT_RE.fullmatch(raw_limit) else 0
         if not 1 <= limit <= _MAX_PAGE:
             raise VLLMValidationError(
                 f"limit must be an integer between 1 and {_MAX_PAGE}",
