@@ -29,6 +29,33 @@ REFERENCE_STAGES: list[dict[str, Any]] = [
     {"id": 5, "name": "video", "kind": "video", "timeout_s": 60},
 ]
 
+# Private things a careless error message could carry. None may reach a
+# client, a job store, an INFO log line or a metric label.
+LEAK_SECRETS: tuple[str, ...] = (
+    "/home/alice",
+    "/srv/omni/stages",
+    "Traceback (most recent",
+    'File "',
+    "hf_LEAKLEAKLEAK42",
+    "sk-proj-LEAKLEAK42",
+    "sk-live-REJECTEDVALUE",
+    "AKIALEAKLEAKLEAK4242",
+    "hunter2-password",
+    "bob:s3cr3t@",
+    "eyJhbGciOiJIUzI1NiJ9.leak",
+    "iVBORw0KGgoAAAANSUhEUg",
+    "0x7f3a9c2b1d40",
+)
+LEAK_TEXT = (
+    'Traceback (most recent call last):\n  File "/srv/omni/stages/text.py", line 9,'
+    " in run\n    boom()\nfailed for /home/alice/data/in.wav"
+    " with token hf_LEAKLEAKLEAK42,"
+    " key sk-proj-LEAKLEAK42, aws AKIALEAKLEAKLEAK4242, password=hunter2-password,"
+    " url https://bob:s3cr3t@example.com/x, Authorization: Bearer"
+    " eyJhbGciOiJIUzI1NiJ9.leak, image data:image/png;base64,iVBORw0KGgoAAAANSUhEUg"
+    "AAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk, object <Tensor at 0x7f3a9c2b1d40>"
+)
+
 # Markers a prompt can carry to make a stage misbehave (tests and drills).
 FAULTS: list[dict[str, Any]] = [
     {"stage": 1, "marker": "@boom", "action": "raise"},
@@ -69,6 +96,31 @@ FAULTS: list[dict[str, Any]] = [
         "args": [
             "failed reading /home/alice/.hf/token hf_SECRETSECRET123 Bearer abc.def"
         ],
+    },
+    # Leak probes: explicit semantic errors whose *public* text carries
+    # secrets, paths, a traceback and media; the sanitizer must strip them.
+    {
+        "stage": 1,
+        "marker": "@leakclient",
+        "action": "raise",
+        "exception": "vllm.exceptions:VLLMValidationError",
+        "args": [LEAK_TEXT],
+        "kwargs": {"parameter": "prompt", "value": "sk-live-REJECTEDVALUE"},
+    },
+    {
+        "stage": 2,
+        "marker": "@leaktalk",
+        "action": "raise",
+        "exception": "vllm_omni.errors:OmniServiceUnavailableError",
+        "args": [LEAK_TEXT],
+    },
+    {
+        "stage": 5,
+        "marker": "@vleak",
+        "action": "raise",
+        "exception": "vllm.exceptions:VLLMUnprocessableEntityError",
+        "args": [LEAK_TEXT],
+        "kwargs": {"parameter": "prompt", "value": "sk-live-REJECTEDVALUE"},
     },
 ]
 

@@ -154,6 +154,7 @@ def servers() -> Iterator[dict[str, str]]:
             if proc.poll() is None:
                 proc.kill()
             proc.wait(timeout=10)
+            proc.log.close()  # type: ignore[attr-defined]
 
 
 _PROCS: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
