@@ -176,12 +176,37 @@ class OmniEngineDeadError(_StatusOnClass, EngineDeadError):
 # -- compatibility and remote wrappers ---------------------------------------
 
 
-class OmniClientError(VLLMClientError):
+class _ExplicitStatus:
+    """Mixin: an error whose status and public type are given per instance."""
+
+    _statuses: ClassVar[range]
+
+    def _set_status(
+        self,
+        message: str,
+        status_code: int,
+        error_type: str,
+        details: OmniErrorDetails | None,
+    ) -> None:
+        self.message = message
+        self.status_code = int(status_code)
+        self.error_type = error_type
+        self.details = details
+        if self.status_code not in self._statuses:
+            family = f"{self._statuses.start // 100}xx"
+            raise RuntimeError(
+                f"{type(self).__name__} needs a {family} status, got {self.status_code}"
+            )
+
+
+class OmniClientError(_ExplicitStatus, VLLMClientError):
     """A client error with an explicit 4xx status: compat type and remote wrapper.
 
     Kept with its 0.30 constructor. It is no longer a ``ValueError``: catch
     ``VLLMClientError`` (or a specific subtype) instead.
     """
+
+    _statuses = range(400, 500)
 
     def __init__(
         self,
@@ -192,18 +217,13 @@ class OmniClientError(VLLMClientError):
         details: OmniErrorDetails | None = None,
     ) -> None:
         super().__init__(message)
-        self.message = message
-        self.status_code = int(status_code)
-        self.error_type = error_type
-        self.details = details
-        if self.status_code not in range(400, 500):
-            raise RuntimeError(
-                f"OmniClientError needs a 4xx status, got {self.status_code}"
-            )
+        self._set_status(message, status_code, error_type, details)
 
 
-class OmniServerError(VLLMServerError):
+class OmniServerError(_ExplicitStatus, VLLMServerError):
     """A server error with an explicit 5xx status, rebuilt from the wire."""
+
+    _statuses = range(500, 600)
 
     def __init__(
         self,
@@ -214,11 +234,4 @@ class OmniServerError(VLLMServerError):
         details: OmniErrorDetails | None = None,
     ) -> None:
         super().__init__(message)
-        self.message = message
-        self.status_code = int(status_code)
-        self.error_type = error_type
-        self.details = details
-        if self.status_code not in range(500, 600):
-            raise RuntimeError(
-                f"OmniServerError needs a 5xx status, got {self.status_code}"
-            )
+        self._set_status(message, status_code, error_type, details)
