@@ -150,6 +150,16 @@ ERRORS: dict[
         None,
         None,
     ),
+    "huge_int": (
+        _chat("hi", seed=10**30),
+        CHAT,
+        openai.BadRequestError,
+        400,
+        "BadRequestError",
+        "seed",
+        None,
+        None,
+    ),
     "unknown_model": (
         _chat("hi", model="nope"),
         CHAT,

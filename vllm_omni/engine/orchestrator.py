@@ -114,18 +114,33 @@ class _Request:
     closed: bool = False
 
 
-def _check_params(value: object, depth: int = 0) -> bool:
+# Integers must fit the wire (msgpack carries 64-bit integers).
+_INT_RANGE = range(-(2**63), 2**63)
+
+
+def _bad_param(value: object, path: str, depth: int = 0) -> str | None:
+    """The path of the first value that cannot travel to a stage, or None."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return None if value in _INT_RANGE else path
     if isinstance(value, _PARAM_TYPES):
-        return True
+        return None
     if depth >= 4:
-        return False
+        return path
     if isinstance(value, list | tuple):
-        return all(_check_params(item, depth + 1) for item in value)
+        for index, item in enumerate(value):
+            bad = _bad_param(item, f"{path}[{index}]", depth + 1)
+            if bad is not None:
+                return bad
+        return None
     if isinstance(value, Mapping):
-        return all(
-            isinstance(k, str) and _check_params(v, depth + 1) for k, v in value.items()
-        )
-    return False
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return path
+            bad = _bad_param(item, f"{path}.{key}" if path else key, depth + 1)
+            if bad is not None:
+                return bad
+        return None
+    return path
 
 
 def _reap(processes: list[BaseProcess], ipc_dir: str | None) -> None:
@@ -494,11 +509,12 @@ class Orchestrator:
         route = self.route(wanted)
         if not isinstance(prompt, str):
             raise VLLMValidationError("prompt must be a string", parameter="prompt")
-        if not isinstance(params, Mapping) or not _check_params(params):
+        bad = "params" if not isinstance(params, Mapping) else _bad_param(params, "")
+        if bad is not None:
             raise VLLMValidationError(
-                "params must map names to plain values (str, number, bool, bytes, "
-                "lists and mappings of them)",
-                parameter="params",
+                "params must map names to plain values (str, 64-bit int, number, "
+                "bool, bytes, lists and mappings of them)",
+                parameter=bad or "params",
             )
         if request_id in self._requests:
             raise OmniConflictError("A request with this id is already in flight.")
