@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import logging
 import sqlite3
@@ -40,7 +41,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import IO, TYPE_CHECKING, Any, Literal, TypeVar
 
 from vllm_omni.errors import GenerationError, OmniServiceUnavailableError
 from vllm_omni.errors.details import OmniErrorDetails
@@ -207,14 +208,35 @@ def details_from_error_object(
     )
 
 
+def _claim(lock_path: Path) -> IO[bytes]:
+    """Own the store exclusively for this process's life.
+
+    At startup a server fails the jobs a previous process left unfinished; a
+    second live server on the same file would fail the first one's running
+    jobs, so it refuses to start instead.
+    """
+    handle = lock_path.open("a+b")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise RuntimeError(
+            f"the job store {lock_path.with_suffix('')} is in use by another "
+            "vllm-omni server; give each server its own --job-store"
+        ) from None
+    return handle
+
+
 class JobStore:
     """The SQLite file. Methods are blocking and short; call them in a thread."""
 
     def __init__(self, path: str | None) -> None:
         target = ":memory:"
+        self._owner: IO[bytes] | None = None
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             target = path
+            self._owner = _claim(Path(f"{path}.lock"))
         self._lock = threading.Lock()
         self._db = sqlite3.connect(target, check_same_thread=False, timeout=10.0)
         with self._lock:
@@ -232,6 +254,8 @@ class JobStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+        if self._owner is not None:
+            self._owner.close()  # releases the flock
 
     # -- reads -----------------------------------------------------------------
 
