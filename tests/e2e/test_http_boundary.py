@@ -405,3 +405,32 @@ def test_engine_death_terminates_server_and_keep_alive_keeps_it(
     strict, _ = _PROCS["strict"]
     assert strict.poll() is None
     assert httpx.get(f"{servers['strict']}/v1/ok").status_code == 200
+
+
+def test_log_lines(servers: dict[str, str]) -> None:
+    """5xx: one ERROR line with request id, class and traceback; 4xx: INFO, no trace."""
+    base = servers["strict"]
+    httpx.post(f"{base}/v1/raise/key_error", headers={"X-Request-Id": "log-5xx"})
+    httpx.post(f"{base}/v1/raise/client", headers={"X-Request-Id": "log-4xx"})
+    proc, _ = _PROCS["strict"]
+    deadline = time.monotonic() + 5
+    while True:
+        proc.log.seek(0)  # type: ignore[attr-defined]
+        log = proc.log.read().decode()  # type: ignore[attr-defined]
+        if "log-4xx" in log or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    lines = log.splitlines()
+    error_lines = [line for line in lines if "request log-5xx" in line]
+    assert error_lines == [
+        "ERROR vllm_omni.errors: request log-5xx failed with 500 "
+        "InternalServerError: KeyError"
+    ]
+    after = lines[lines.index(error_lines[0]) + 1]
+    assert after.startswith("Traceback (most recent call last)")
+    info_lines = [line for line in lines if "request log-4xx" in line]
+    assert info_lines == [
+        "INFO vllm_omni.errors: request log-4xx rejected with 400 BadRequestError"
+    ]
+    following = lines[lines.index(info_lines[0]) + 1 :][:1]
+    assert not any(line.startswith("Traceback") for line in following)
