@@ -105,3 +105,36 @@ def settled_samples(
         if grown >= expected or time.monotonic() > deadline:
             return after
         time.sleep(0.02)
+
+
+def assert_http_error_counted(
+    before: dict[tuple[str, tuple[tuple[str, str], ...]], float],
+    after: dict[tuple[str, tuple[tuple[str, str], ...]], float],
+    *,
+    handler: str,
+    status: int,
+    error_type: str,
+) -> None:
+    """One request on ``handler``, in the status group the client saw, and one
+    rendered error in ``vllm_omni:errors_total`` with the same status and type."""
+    group = f"{status // 100}xx"
+    assert sample_delta(before, after, "http_requests_total", handler=handler) == 1
+    assert (
+        sample_delta(
+            before, after, "http_requests_total", handler=handler, status=group
+        )
+        == 1
+    )
+    category = "client" if status < 500 else "server"
+    assert (
+        sample_delta(
+            before,
+            after,
+            "vllm_omni:errors_total",
+            transport="http",
+            category=category,
+            type=error_type,
+            code=str(status),
+        )
+        == 1
+    )

@@ -21,6 +21,7 @@ import openai
 import pytest
 
 from tests.e2e.servers import (
+    assert_http_error_counted,
     free_port,
     metric_samples,
     sample_delta,
@@ -160,10 +161,6 @@ def servers() -> Iterator[dict[str, str]]:
 _PROCS: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
 
 
-def _status_group(status: int) -> str:
-    return f"{status // 100}xx"
-
-
 def _check_case(base: str, name: str, expected: tuple[Any, ...]) -> httpx.Response:
     status, error_type, param, message, stage_id = expected
     handler = "/v1/raise/{name}"
@@ -190,26 +187,8 @@ def _check_case(base: str, name: str, expected: tuple[Any, ...]) -> httpx.Respon
         {"stage_id"} if stage_id is not None else set()
     )
 
-    group = _status_group(status)
-    assert (
-        sample_delta(
-            before, after, "http_requests_total", handler=handler, status=group
-        )
-        == 1
-    )
-    assert sample_delta(before, after, "http_requests_total", handler=handler) == 1
-    category = "client" if status < 500 else "server"
-    assert (
-        sample_delta(
-            before,
-            after,
-            "vllm_omni:errors_total",
-            transport="http",
-            category=category,
-            type=error_type,
-            code=str(status),
-        )
-        == 1
+    assert_http_error_counted(
+        before, after, handler=handler, status=status, error_type=error_type
     )
     return response
 

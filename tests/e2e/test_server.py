@@ -24,7 +24,12 @@ from PIL import Image
 
 from tests.e2e.conftest import API_KEY
 from tests.e2e.omni_server import OmniServer
-from tests.e2e.servers import metric_samples, sample_delta, settled_samples
+from tests.e2e.servers import (
+    assert_http_error_counted,
+    metric_samples,
+    sample_delta,
+    settled_samples,
+)
 
 GENERIC = "The server had an error while processing your request."
 MODEL = "omni-reference"
@@ -305,26 +310,8 @@ def _assert_error(
     assert body["request_id"] == exc.response.headers["x-request-id"]
     if message is not None:
         assert body["message"] == message
-    group = f"{status // 100}xx"
-    assert sample_delta(before, after, "http_requests_total", handler=handler) == 1
-    assert (
-        sample_delta(
-            before, after, "http_requests_total", handler=handler, status=group
-        )
-        == 1
-    )
-    category = "client" if status < 500 else "server"
-    assert (
-        sample_delta(
-            before,
-            after,
-            "vllm_omni:errors_total",
-            transport="http",
-            category=category,
-            type=error_type,
-            code=str(status),
-        )
-        == 1
+    assert_http_error_counted(
+        before, after, handler=handler, status=status, error_type=error_type
     )
     return body
 
