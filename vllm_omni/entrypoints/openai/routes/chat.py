@@ -10,6 +10,7 @@ the engine stream aborts the request in every stage, and that is not an error.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import json
@@ -217,6 +218,10 @@ async def _stream(
                     delta = _delta(output, False, completion_id)
                     if delta or finish:
                         yield _chunk(completion_id, model, delta, finish)
+                    # Queued outputs never suspend: without this checkpoint a
+                    # client that hung up is noticed only after the whole
+                    # stream went to a dead socket (and other requests wait).
+                    await asyncio.sleep(0)
             yield b"data: [DONE]\n\n"
         except Exception as exc:
             yield sse_error_events(stream_error_details(request, exc))
