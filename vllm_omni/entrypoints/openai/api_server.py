@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import importlib
 import logging
+import signal
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -24,7 +25,7 @@ import uvicorn
 from fastapi import Depends, FastAPI
 from prometheus_fastapi_instrumentator import Instrumentator
 from starlette.responses import Response
-from vllm.entrypoints.launchers.launcher import terminate_if_errored
+from vllm.entrypoints.launchers.launcher import NoSignalServer, terminate_if_errored
 
 from vllm_omni.entrypoints.async_omni import AsyncOmni
 from vllm_omni.entrypoints.openai.auth import require_api_key
@@ -37,6 +38,7 @@ logger = logging.getLogger("vllm_omni.server")
 
 # Operational endpoints the instrumentator leaves out, as vLLM does.
 _UNMETERED = ["/metrics", "/health"]
+_EXIT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 # Route modules: each has ``router``, optionally ``PUBLIC`` (no API key) and
 # ``init_state(app, args)`` / ``shutdown_state(app)`` hooks.
@@ -131,8 +133,14 @@ async def run_server(args: argparse.Namespace) -> int:
             log_level=args.uvicorn_log_level,
             timeout_graceful_shutdown=5,
         )
-        server = uvicorn.Server(config)
+        # uvicorn's own handlers re-raise SIGINT/SIGTERM once serve() returns,
+        # killing the process before the stages are shut down below; like
+        # vLLM's launcher, handle the signals on the loop instead.
+        server = NoSignalServer(config)
         app.state.server = server
+        loop = asyncio.get_running_loop()
+        for sig in _EXIT_SIGNALS:
+            loop.add_signal_handler(sig, _request_exit, server)
         watchdog = asyncio.create_task(_watch_engine(server, engine))
         logger.info(
             "vllm-omni serving %s on http://%s:%d (error mode %s)",
@@ -145,9 +153,18 @@ async def run_server(args: argparse.Namespace) -> int:
             await server.serve()
         finally:
             watchdog.cancel()
+            for sig in _EXIT_SIGNALS:
+                loop.remove_signal_handler(sig)
         return 1 if engine.errored else 0
     finally:
         engine.shutdown()
+
+
+def _request_exit(server: uvicorn.Server) -> None:
+    """First signal: graceful shutdown; a second: stop waiting for requests."""
+    if server.should_exit:
+        server.force_exit = True
+    server.should_exit = True
 
 
 async def _watch_engine(server: uvicorn.Server, engine: AsyncOmni) -> None:
