@@ -1,0 +1,972 @@
+"""Soak: a real ``vllm-omni serve`` under a bounded mixed load, reconciled.
+
+Starts the server (a subprocess on a free loopback port, its log and job store
+in a temp directory) on the reference stages with fault markers, warms it up,
+then drives a shuffled mix of several thousand requests at concurrency 32
+(one shared ``httpx.AsyncClient`` plus ``websockets`` sessions): successes on
+every route, client errors, stage faults (500), stage timeouts (504), SSE
+streams that fail mid-stream or are cut by the client, realtime WebSocket
+sessions (malformed events, a stage fault, a client that hangs up mid-response)
+and async video jobs. It stops by itself (a hard timeout) and then
+reconciles what the clients saw with what the server says (DESIGN §4, §7):
+
+- every request has exactly one terminal outcome, the planned one;
+- every error the clients saw is the canonical envelope, ``code`` == status;
+- ``http_requests_total`` grew per status group by exactly the statuses the
+  clients got (a cut stream and a stream ending in an error event are 2xx;
+  WebSockets are not HTTP requests; ``/metrics`` and ``/health`` are
+  unmetered);
+- ``vllm_omni:errors_total`` grew per transport by exactly the errors the
+  clients saw rendered there (a client-cut stream is not an error);
+- no video job is lost: each is listed and ended completed or failed;
+- the server's RSS after the run is within 50 MiB of its RSS after warm-up
+  (the API server process, and its stage processes together);
+- the server log holds what docs/errors/http.md promises and nothing else
+  alarming: one ERROR line per 5xx, one INFO line per 4xx, one WARNING per
+  missed stage deadline, no other warning or error;
+- after SIGTERM the server shuts its stages down and exits 0.
+
+"Requests" are HTTP requests (job polls and listing included) plus client
+events sent on WebSockets. ``python benchmarks/soak.py`` prints one row per
+check and exits non-zero on any mismatch (``--keep`` keeps the server log,
+``--scale 0.1`` runs a tenth of the mix); ``run()`` returns the throughput
+row for ``python -m benchmarks``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import re
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import websockets
+from prometheus_client.parser import text_string_to_metric_families
+
+# The e2e helpers live in the repo's tests package; a script run has only
+# benchmarks/ on the path.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.e2e.omni_server import FAULTS, OmniServer, start_server, write_pipeline
+
+CONCURRENCY = 32
+WARMUP_REQUESTS = 200
+# Warm-up, run, listing and metric settling; the server start is bounded apart.
+HARD_TIMEOUT_S = 150.0
+READY_TIMEOUT_S = 120.0
+SETTLE_TIMEOUT_S = 10.0
+RSS_SETTLE_S = 2.0
+RSS_LIMIT_MIB = 50.0
+JOB_DEADLINE_S = 60.0
+REQUEST_TIMEOUT_S = 30.0
+VIDEO_FAULT = {"stage": 5, "marker": "@vboom", "action": "raise"}
+MiB = 1024 * 1024
+
+CHAT = "/v1/chat/completions"
+# The reference text stage echoes the prompt, so a long prompt is a long stream.
+LONG_PROMPT = " ".join(f"w{i}" for i in range(3000))
+_ERROR_KEYS = {"message", "type", "param", "code"}
+_OPTIONAL_KEYS = {"request_id", "stage_id"}
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """What an error must say besides being canonical."""
+
+    type: str
+    param: str | None = None
+    stage_id: int | None = None
+
+
+@dataclass(slots=True)
+class Record:
+    """What the client saw for one planned operation."""
+
+    kind: str
+    expected: str
+    observed: str = ""
+    statuses: list[int] = field(default_factory=list)
+    # transport → error objects the client saw rendered there
+    errors: Counter[str] = field(default_factory=Counter)
+    # status code → error objects seen with it (for the server-log check)
+    codes: Counter[int | None] = field(default_factory=Counter)
+    canonical: int = 0
+    ws_events: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def requests(self) -> int:
+        return len(self.statuses) + self.ws_events
+
+
+@dataclass(slots=True)
+class Ctx:
+    http: httpx.AsyncClient
+    ws_url: str
+    job_ids: list[str] = field(default_factory=list)
+
+
+Action = Callable[[Ctx, Record], Awaitable[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    name: str
+    count: int
+    expected: str
+    action: Action
+
+
+# -- checking what came back ---------------------------------------------------
+
+
+def _error_problem(
+    envelope: object, status: int | None, spec: Spec | None, request_id: str | None
+) -> str | None:
+    """Why ``envelope`` is not the canonical error the spec asks for, or None."""
+    if not isinstance(envelope, dict) or set(envelope) != {"error"}:
+        return f"not an envelope: {str(envelope)[:120]}"
+    obj = envelope["error"]
+    if not isinstance(obj, dict) or not _ERROR_KEYS <= set(obj):
+        return f"missing keys: {str(obj)[:120]}"
+    if set(obj) - _ERROR_KEYS - _OPTIONAL_KEYS:
+        return f"extra keys: {sorted(set(obj) - _ERROR_KEYS - _OPTIONAL_KEYS)}"
+    if not (
+        isinstance(obj["message"], str)
+        and obj["message"]
+        and isinstance(obj["type"], str)
+        and isinstance(obj["param"], str | None)
+        and isinstance(obj["code"], int)
+        and isinstance(obj.get("request_id", ""), str)
+        and isinstance(obj.get("stage_id", 0), int)
+    ):
+        return f"mistyped fields: {obj}"
+    if status is not None and obj["code"] != status:
+        return f"status {status} != code {obj['code']}"
+    if request_id is not None and obj.get("request_id") != request_id:
+        return f"request_id {obj.get('request_id')!r} != header {request_id!r}"
+    if spec is not None:
+        seen = Spec(obj["type"], obj["param"], obj.get("stage_id"))
+        if seen != spec:
+            return f"expected {spec}, got {seen}"
+    return None
+
+
+def _check_error(
+    rec: Record,
+    transport: str,
+    envelope: object,
+    *,
+    status: int | None,
+    spec: Spec | None,
+    request_id: str | None = None,
+) -> None:
+    rec.errors[transport] += 1
+    obj = envelope.get("error") if isinstance(envelope, dict) else None
+    rec.codes[obj.get("code") if isinstance(obj, dict) else status] += 1
+    problem = _error_problem(envelope, status, spec, request_id)
+    if problem is None:
+        rec.canonical += 1
+    else:
+        rec.problems.append(f"body ({transport}): {problem}")
+
+
+def _http_outcome(rec: Record, response: httpx.Response, spec: Spec | None) -> str:
+    rec.statuses.append(response.status_code)
+    if response.is_error:
+        try:
+            body: object = response.json()
+        except ValueError:
+            body = response.text[:120]
+        _check_error(
+            rec,
+            "http",
+            body,
+            status=response.status_code,
+            spec=spec,
+            request_id=response.headers.get("x-request-id"),
+        )
+    return f"http {response.status_code}"
+
+
+async def _sse_outcome(rec: Record, response: httpx.Response, spec: Spec | None) -> str:
+    """Read a 200 stream to its end: chunks, at most one error event, [DONE]."""
+    events: list[str] = []
+    async for line in response.aiter_lines():
+        if line.startswith("data: "):
+            events.append(line.removeprefix("data: "))
+        elif line:
+            rec.problems.append(f"sse: stray line {line[:80]!r}")
+    if not events or events[-1] != "[DONE]" or events.count("[DONE]") != 1:
+        return "sse without one final [DONE]"
+    parsed = [json.loads(event) for event in events[:-1]]
+    errors = [i for i, event in enumerate(parsed) if "error" in event]
+    for i in errors:
+        _check_error(rec, "sse", parsed[i], status=None, spec=spec)
+    if not errors:
+        return "sse [DONE]"
+    if len(errors) > 1:
+        return f"sse {len(errors)} error events"
+    if errors[0] != len(parsed) - 1:
+        return "sse chunks after the error event"
+    return f"sse error {parsed[-1]['error'].get('code')} + [DONE]"
+
+
+# -- HTTP operations -------------------------------------------------------------
+
+
+def _chat(prompt: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": "omni-reference",
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": 8,
+        **extra,
+    }
+
+
+def _post(
+    path: str,
+    body: dict[str, Any],
+    spec: Spec | None = None,
+    *,
+    valid: Callable[[httpx.Response], bool] | None = None,
+) -> Action:
+    """POST a JSON body; ``valid`` checks the body of a 200."""
+
+    async def action(ctx: Ctx, rec: Record) -> str:
+        response = await ctx.http.post(path, json=body)
+        outcome = _http_outcome(rec, response, spec)
+        if response.status_code == 200 and valid is not None and not valid(response):
+            return outcome + " with a wrong body"
+        return outcome
+
+    return action
+
+
+def _chat_reply(text: str) -> Callable[[httpx.Response], bool]:
+    def valid(response: httpx.Response) -> bool:
+        return bool(response.json()["choices"][0]["message"]["content"] == text)
+
+    return valid
+
+
+def _wav(response: httpx.Response) -> bool:
+    wav = response.headers.get("content-type") == "audio/wav"
+    return wav and response.content.startswith(b"RIFF")
+
+
+def _png(response: httpx.Response) -> bool:
+    data = response.json()["data"]
+    return len(data) == 1 and data[0]["b64_json"].startswith("iVBORw0KGgo")
+
+
+def _call(method: str, path: str, spec: Spec) -> Action:
+    async def action(ctx: Ctx, rec: Record) -> str:
+        return _http_outcome(rec, await ctx.http.request(method, path), spec)
+
+    return action
+
+
+def _stream(body: dict[str, Any], spec: Spec | None = None) -> Action:
+    async def action(ctx: Ctx, rec: Record) -> str:
+        async with ctx.http.stream("POST", CHAT, json=body) as response:
+            if response.status_code != 200:
+                await response.aread()
+                return _http_outcome(rec, response, spec)
+            rec.statuses.append(200)
+            return await _sse_outcome(rec, response, spec)
+
+    return action
+
+
+async def _cut_stream(ctx: Ctx, rec: Record) -> str:
+    """Open a long stream, read one chunk, hang up (closes the connection)."""
+    body = _chat(LONG_PROMPT, max_tokens=4096, stream=True)
+    async with ctx.http.stream("POST", CHAT, json=body) as response:
+        if response.status_code != 200:
+            await response.aread()
+            return _http_outcome(rec, response, None)
+        rec.statuses.append(200)
+        async for line in response.aiter_lines():
+            if line.startswith("data: "):
+                return "cut" if "error" not in line and "[DONE]" not in line else line
+    return "sse ended before the cut"
+
+
+async def _bad_image_edit(ctx: Ctx, rec: Record) -> str:
+    response = await ctx.http.post(
+        "/v1/images/edits",
+        files={"image": ("bad.png", b"not an image", "image/png")},
+        data={"prompt": "bluer", "size": "64x64"},
+    )
+    return _http_outcome(rec, response, Spec("UnprocessableEntityError", "image", 4))
+
+
+def _video_job(prompt: str, spec: Spec | None = None) -> Action:
+    async def action(ctx: Ctx, rec: Record) -> str:
+        body = {"prompt": prompt, "seconds": "1", "size": "64x64"}
+        response = await ctx.http.post("/v1/videos", json=body)
+        if response.status_code != 200:
+            return _http_outcome(rec, response, spec)
+        rec.statuses.append(200)
+        job_id = response.json()["id"]
+        ctx.job_ids.append(job_id)
+        deadline = time.monotonic() + JOB_DEADLINE_S
+        while True:
+            await asyncio.sleep(0.05)
+            response = await ctx.http.get(f"/v1/videos/{job_id}")
+            rec.statuses.append(response.status_code)
+            if response.status_code != 200:
+                return f"poll http {response.status_code}"
+            job = response.json()
+            if job["status"] == "failed":
+                _check_error(
+                    rec, "job", {"error": job["error"]}, status=None, spec=spec
+                )
+                return f"job failed {job['error'].get('code')}"
+            if job["status"] in ("completed", "cancelled"):
+                return f"job {job['status']}"
+            if time.monotonic() > deadline:
+                return f"job stuck {job['status']}"
+
+    return action
+
+
+# -- WebSocket operations -------------------------------------------------------
+
+
+async def _ws_recv(ws: websockets.ClientConnection) -> dict[str, Any]:
+    async with asyncio.timeout(REQUEST_TIMEOUT_S):
+        frame = await ws.recv()
+    event: dict[str, Any] = json.loads(frame)
+    return event
+
+
+async def _ws_send(ws: websockets.ClientConnection, rec: Record, event: Any) -> None:
+    rec.ws_events += 1
+    await ws.send(json.dumps(event))
+
+
+async def _ws_response(
+    ws: websockets.ClientConnection,
+    rec: Record,
+    event_id: str,
+    prompt: str,
+    spec: Spec | None = None,
+) -> str:
+    """One response.create: ``done`` or ``error <code>`` (its one terminal event)."""
+    create = {
+        "type": "response.create",
+        "event_id": event_id,
+        "response": {"instructions": prompt, "max_tokens": 8},
+    }
+    await _ws_send(ws, rec, create)
+    while True:
+        event = await _ws_recv(ws)
+        kind = event.get("type")
+        if kind == "response.done":
+            status = event["response"]["status"]
+            return "done" if status == "completed" else f"done {status}"
+        if kind == "error":
+            return _ws_error(rec, event, event_id, spec)
+        if kind not in (
+            "response.created",
+            "response.text.delta",
+            "response.text.done",
+        ):
+            rec.problems.append(f"ws: unexpected event {kind!r}")
+
+
+def _ws_error(
+    rec: Record, event: dict[str, Any], event_id: str, spec: Spec | None
+) -> str:
+    if event.get("event_id") != event_id:
+        rec.problems.append(
+            f"ws: error for {event.get('event_id')!r}, not {event_id!r}"
+        )
+    _check_error(
+        rec, "websocket", {"error": event.get("error")}, status=None, spec=spec
+    )
+    return f"error {event.get('error', {}).get('code')}"
+
+
+async def _ws_session(ctx: Ctx, rec: Record) -> str:
+    """Respond, survive two malformed events (each answered by event_id), respond."""
+    outcomes: list[str] = []
+    async with websockets.connect(ctx.ws_url, open_timeout=10, close_timeout=5) as ws:
+        if (await _ws_recv(ws)).get("type") != "session.created":
+            rec.problems.append("ws: no session.created")
+        outcomes.append(await _ws_response(ws, rec, "e1", "hello there"))
+        for event_id, event, param in (
+            ("e2", {"type": "session.update"}, "type"),
+            (
+                "e3",
+                {"type": "response.create", "response": {}},
+                "response.instructions",
+            ),
+        ):
+            await _ws_send(ws, rec, {**event, "event_id": event_id})
+            answer = await _ws_recv(ws)
+            if answer.get("type") != "error":
+                outcomes.append(f"no error for {event_id}")
+                continue
+            spec = Spec("BadRequestError", param)
+            outcomes.append("rejected " + _ws_error(rec, answer, event_id, spec))
+        outcomes.append(await _ws_response(ws, rec, "e4", "once more"))
+    return ",".join(outcomes)
+
+
+async def _ws_fault_session(ctx: Ctx, rec: Record) -> str:
+    """Respond, then a stage fault: one error event, then close 1011."""
+    async with websockets.connect(ctx.ws_url, open_timeout=10, close_timeout=5) as ws:
+        if (await _ws_recv(ws)).get("type") != "session.created":
+            rec.problems.append("ws: no session.created")
+        first = await _ws_response(ws, rec, "e1", "hello there")
+        spec = Spec("InternalServerError", None, 1)
+        second = await _ws_response(ws, rec, "e2", "please @boom", spec)
+        try:
+            extra = await _ws_recv(ws)
+        except websockets.ConnectionClosed as exc:
+            close = exc.rcvd.code if exc.rcvd is not None else None
+            return f"{first},{second} close {close}"
+        return f"{first},{second} then {extra.get('type')!r}"
+
+
+async def _ws_cut_session(ctx: Ctx, rec: Record) -> str:
+    """Start a long response, read one delta, hang up: not an error."""
+    async with websockets.connect(ctx.ws_url, open_timeout=10, close_timeout=5) as ws:
+        if (await _ws_recv(ws)).get("type") != "session.created":
+            rec.problems.append("ws: no session.created")
+        create = {"instructions": LONG_PROMPT, "max_tokens": 4096}
+        await _ws_send(ws, rec, {"type": "response.create", "response": create})
+        while (kind := (await _ws_recv(ws)).get("type")) == "response.created":
+            pass
+        return "cut" if kind == "response.text.delta" else f"{kind} before the cut"
+
+
+# -- the mix -----------------------------------------------------------------------
+
+BOOM = Spec("InternalServerError", None, 1)
+
+MIX: tuple[Kind, ...] = (
+    Kind(
+        "chat",
+        1700,
+        "http 200",
+        _post(CHAT, _chat("hello there"), valid=_chat_reply("You said: hello there")),
+    ),
+    Kind("chat stream", 800, "sse [DONE]", _stream(_chat("hello there", stream=True))),
+    Kind(
+        "speech",
+        400,
+        "http 200",
+        _post(
+            "/v1/audio/speech", {"input": "hello world", "voice": "alloy"}, valid=_wav
+        ),
+    ),
+    Kind(
+        "image",
+        300,
+        "http 200",
+        _post(
+            "/v1/images/generations",
+            {"prompt": "a red fox", "size": "64x64"},
+            valid=_png,
+        ),
+    ),
+    Kind(
+        "400 invalid temperature",
+        200,
+        "http 400",
+        _post(
+            CHAT, _chat("hi", temperature=9), Spec("BadRequestError", "temperature", 1)
+        ),
+    ),
+    Kind(
+        "400 empty messages",
+        100,
+        "http 400",
+        _post(CHAT, {"messages": []}, Spec("BadRequestError", "messages")),
+    ),
+    Kind(
+        "404 unknown model",
+        150,
+        "http 404",
+        _post(CHAT, _chat("hi", model="nope"), Spec("NotFoundError")),
+    ),
+    Kind(
+        "404 unknown voice",
+        150,
+        "http 404",
+        _post(
+            "/v1/audio/speech",
+            {"input": "hi", "voice": "nobody"},
+            Spec("NotFoundError", None, 2),
+        ),
+    ),
+    Kind(
+        "400 guardrail",
+        150,
+        "http 400",
+        _post(
+            CHAT,
+            _chat("tell me about forbidden-topic"),
+            Spec("GuardrailViolationError", None, 0),
+        ),
+    ),
+    Kind("422 undecodable image edit", 100, "http 422", _bad_image_edit),
+    Kind(
+        "404 unknown route",
+        150,
+        "http 404",
+        _call("GET", "/v1/nope", Spec("NotFoundError")),
+    ),
+    Kind(
+        "405 wrong method",
+        150,
+        "http 405",
+        _call("GET", CHAT, Spec("MethodNotAllowedError")),
+    ),
+    Kind("500 stage fault", 150, "http 500", _post(CHAT, _chat("x @boom"), BOOM)),
+    Kind(
+        "500 stage fault, stream",
+        50,
+        "http 500",
+        _stream(_chat("x @boom", stream=True), BOOM),
+    ),
+    Kind(
+        "500 talker fault mid-stream",
+        100,
+        "sse error 500 + [DONE]",
+        _stream(
+            _chat("x y z @talkboom", stream=True, modalities=["text", "audio"]),
+            Spec("InternalServerError", None, 2),
+        ),
+    ),
+    Kind(
+        "504 stage timeout",
+        20,
+        "http 504",
+        _post(CHAT, _chat("x @hang"), Spec("GatewayTimeoutError", None, 1)),
+    ),
+    Kind("stream cut by client", 200, "cut", _cut_stream),
+    Kind(
+        "ws session",
+        250,
+        "done,rejected error 400,rejected error 400,done",
+        _ws_session,
+    ),
+    Kind("ws session, stage fault", 50, "done,error 500 close 1011", _ws_fault_session),
+    Kind("ws session cut by client", 50, "cut", _ws_cut_session),
+    Kind("video job", 85, "job completed", _video_job("a fox in the snow")),
+    Kind(
+        "video job, stage fault",
+        15,
+        "job failed 500",
+        _video_job("a fox @vboom", Spec("InternalServerError", None, 5)),
+    ),
+)
+
+
+def plan(scale: float, seed: int) -> list[Kind]:
+    """Every planned operation, shuffled; ``scale`` multiplies each count (min 1)."""
+    ops = [k for k in MIX for _ in range(max(1, round(k.count * scale)))]
+    random.Random(seed).shuffle(ops)
+    return ops
+
+
+async def _one(ctx: Ctx, kind: Kind) -> Record:
+    rec = Record(kind.name, kind.expected)
+    try:
+        rec.observed = await kind.action(ctx, rec)
+    except Exception as exc:
+        rec.observed = f"client {type(exc).__name__}"
+        rec.problems.append(f"client: {type(exc).__name__}: {exc}"[:200])
+    return rec
+
+
+async def drive(ctx: Ctx, ops: list[Kind]) -> list[Record]:
+    """Run ``ops`` with ``CONCURRENCY`` workers pulling from one queue."""
+    queue: asyncio.Queue[Kind] = asyncio.Queue()
+    for op in ops:
+        queue.put_nowait(op)
+    records: list[Record] = []
+
+    async def worker() -> None:
+        while not queue.empty():
+            records.append(await _one(ctx, queue.get_nowait()))
+
+    await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+    return records
+
+
+# -- what the server says --------------------------------------------------------
+
+UNMETERED = ("/metrics", "/health")
+GROUPS = ("2xx", "4xx", "5xx")
+TRANSPORTS = ("http", "sse", "websocket", "job")
+
+
+def _http_key(group: str) -> str:
+    return f'http_requests_total{{status="{group}"}}'
+
+
+def _errors_key(transport: str) -> str:
+    return f'vllm_omni:errors_total{{transport="{transport}"}}'
+
+
+async def server_counts(http: httpx.AsyncClient) -> Counter[str]:
+    """The two counters, summed per status group / transport."""
+    text = (await http.get("/metrics")).text
+    totals: Counter[str] = Counter()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = sample.labels
+            if sample.name == "http_requests_total":
+                if labels.get("handler") not in UNMETERED:
+                    totals[_http_key(labels["status"])] += int(sample.value)
+            elif sample.name == "vllm_omni:errors_total":
+                totals[_errors_key(labels["transport"])] += int(sample.value)
+    return totals
+
+
+def client_counts(records: list[Record]) -> Counter[str]:
+    """What the server's counters should have grown by, from what clients saw."""
+    expected: Counter[str] = Counter({_http_key(g): 0 for g in GROUPS})
+    expected.update({_errors_key(t): 0 for t in TRANSPORTS})
+    for rec in records:
+        for status in rec.statuses:
+            expected[_http_key(f"{status // 100}xx")] += 1
+        for transport, count in rec.errors.items():
+            expected[_errors_key(transport)] += count
+    return expected
+
+
+def _delta(after: Counter[str], before: Counter[str]) -> Counter[str]:
+    return Counter({k: after[k] - before[k] for k in set(after) | set(before)})
+
+
+async def settle(
+    http: httpx.AsyncClient, before: Counter[str], expected: Counter[str]
+) -> Counter[str]:
+    """Counters once they grew by ``expected`` and stayed (or the timeout passed).
+
+    The instrumentator counts a request after its response is sent, so the
+    last few land a moment after the clients are done.
+    """
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    while True:
+        after = await server_counts(http)
+        grown = _delta(after, before)
+        if all(grown[k] == expected[k] for k in set(grown) | set(expected)):
+            await asyncio.sleep(1.0)  # nothing late (an error rendered twice)
+            return await server_counts(http)
+        if time.monotonic() > deadline:
+            return after
+        await asyncio.sleep(0.1)
+
+
+async def list_jobs(ctx: Ctx, rec: Record) -> dict[str, str]:
+    """Every job ``GET /v1/videos`` lists, paged, with its status."""
+    jobs: dict[str, str] = {}
+    after: str | None = None
+    while True:
+        params = {"limit": "100", "order": "asc", **({"after": after} if after else {})}
+        response = await ctx.http.get("/v1/videos", params=params)
+        rec.statuses.append(response.status_code)
+        page = response.json()
+        jobs.update((job["id"], job["status"]) for job in page["data"])
+        if not page["has_more"]:
+            return jobs
+        after = page["last_id"]
+
+
+# -- the server log -----------------------------------------------------------------
+
+# A line of the server's ``logging`` output, or of uvicorn's own error logger.
+_LOG_LINE = re.compile(
+    r"^\d{4}-\d\d-\d\d [\d:,]+ (?P<level>[A-Z]+) (?P<logger>[\w.]+): (?P<text>.*)$"
+    r"|^(?P<uvicorn>WARNING|ERROR|CRITICAL):\s"
+)
+LOG_5XX = "5xx logged at ERROR with the request id"
+LOG_4XX = "4xx logged at INFO"
+LOG_DEADLINES = "stage deadlines logged at WARNING"
+LOG_OTHER = "other server warnings and errors"
+
+
+def log_counts(text: str) -> Counter[str]:
+    """The log lines docs/errors/http.md promises, and everything else alarming."""
+    counts: Counter[str] = Counter({LOG_OTHER: 0})
+    for line in text.splitlines():
+        match = _LOG_LINE.match(line)
+        if match is None:
+            continue
+        level, logger, message = match["level"], match["logger"], match["text"]
+        if match["uvicorn"]:
+            counts[LOG_OTHER] += 1
+        elif (
+            logger == "vllm_omni.errors"
+            and level == "ERROR"
+            and " failed with 5" in message
+        ):
+            counts[LOG_5XX] += 1
+        elif (
+            logger == "vllm_omni.errors"
+            and level == "INFO"
+            and " rejected with 4" in message
+        ):
+            counts[LOG_4XX] += 1
+        elif logger == "vllm_omni.engine.orchestrator" and "deadline" in message:
+            counts[LOG_DEADLINES] += 1
+        elif level in ("WARNING", "ERROR", "CRITICAL"):
+            counts[LOG_OTHER] += 1
+    return counts
+
+
+def expected_log(records: list[Record]) -> Counter[str]:
+    """The documented lines for the errors clients saw, by status class."""
+    classes: Counter[str] = Counter()
+    for rec in records:
+        for code, count in rec.codes.items():
+            if code is not None:
+                classes[f"{code // 100}xx"] += count
+    deadlines = sum(r.codes[504] for r in records)
+    return Counter(
+        {
+            LOG_5XX: classes["5xx"],
+            LOG_4XX: classes["4xx"],
+            LOG_DEADLINES: deadlines,
+            LOG_OTHER: 0,
+        }
+    )
+
+
+# -- the soak ----------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Report:
+    rows: list[tuple[str, object, object, bool]] = field(default_factory=list)
+    requests: int = 0
+    duration_s: float = 0.0
+    total_s: float = 0.0
+    outcomes: Counter[str] = field(default_factory=Counter)
+    rss_warm: int = 0
+    rss_after: int = 0
+    stages_rss_warm: int = 0
+    stages_rss_after: int = 0
+    # What the server log must hold from the warm-up on, and where that starts.
+    log_expected: Counter[str] = field(default_factory=Counter)
+    log_offset: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def rate(self) -> float:
+        return self.requests / self.duration_s if self.duration_s else 0.0
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.rows) and all(ok for *_, ok in self.rows)
+
+    def check(self, name: str, expected: object, observed: object, ok: bool) -> None:
+        self.rows.append((name, expected, observed, ok))
+
+    def equal(self, name: str, expected: object, observed: object) -> None:
+        self.check(name, expected, observed, expected == observed)
+
+
+def _rss(pid: int) -> tuple[int, int]:
+    """RSS of the API server process, and of its stage processes together."""
+    process = psutil.Process(pid)
+    stages = 0
+    for child in process.children(recursive=True):
+        try:
+            stages += child.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return int(process.memory_info().rss), int(stages)
+
+
+async def _soak(server: OmniServer, report: Report, scale: float, seed: int) -> None:
+    limits = httpx.Limits(
+        max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY
+    )
+    async with httpx.AsyncClient(
+        base_url=server.base_url, limits=limits, timeout=REQUEST_TIMEOUT_S
+    ) as http:
+        ctx = Ctx(http, server.base_url.replace("http://", "ws://") + "/v1/realtime")
+        total = sum(k.count for k in MIX)
+        warm_ops = plan(scale * WARMUP_REQUESTS / total, seed + 1)
+        run_ops = plan(scale, seed)
+
+        start = await server_counts(http)
+        report.log_offset = server.log_path.stat().st_size
+        warm = await drive(ctx, warm_ops)
+        warm_ok = sum(r.observed == r.expected and not r.problems for r in warm)
+        report.equal("warm-up: outcomes as planned", len(warm), warm_ok)
+        before = await settle(http, start, client_counts(warm))
+        await asyncio.sleep(RSS_SETTLE_S)
+        report.rss_warm, report.stages_rss_warm = _rss(server.proc.pid)
+
+        began = time.monotonic()
+        records = await drive(ctx, run_ops)
+        report.duration_s = time.monotonic() - began
+        listing = Record("list jobs", "listed")
+        listed = await list_jobs(ctx, listing)
+        listing.observed = "listed"
+        records.append(listing)
+        after = await settle(http, before, client_counts(records))
+        await asyncio.sleep(RSS_SETTLE_S)
+        report.rss_after, report.stages_rss_after = _rss(server.proc.pid)
+        healthy = (await http.get("/health")).status_code
+
+    planned = [r for r in records if r is not listing]
+    report.requests = sum(r.requests for r in records)
+    report.outcomes = Counter(r.observed for r in planned)
+    report.log_expected = expected_log(warm + records)
+    for kind in MIX:
+        mine = [r for r in planned if r.kind == kind.name]
+        seen = sum(r.observed == kind.expected for r in mine)
+        report.equal(f"{kind.name}: {kind.expected}", len(mine), seen)
+    unplanned = sum(r.observed.startswith("client ") for r in planned)
+    report.equal("client exceptions or timeouts", 0, unplanned)
+    errors = sum(r.errors.total() for r in records)
+    canonical = sum(r.canonical for r in records)
+    report.equal("errors seen with the canonical body", errors, canonical)
+    protocol = sum(
+        not p.startswith(("body ", "client:")) for r in records for p in r.problems
+    )
+    report.equal("protocol problems (stray lines, events, ids)", 0, protocol)
+    expected = client_counts(records)
+    grown = _delta(after, before)
+    for key in [_http_key(g) for g in GROUPS] + [_errors_key(t) for t in TRANSPORTS]:
+        report.equal(f"{key} growth", expected[key], grown[key])
+    created = ctx.job_ids
+    finished = sum(listed.get(j) in ("completed", "failed") for j in created)
+    report.equal("video jobs listed and completed/failed", len(created), finished)
+    for name, warm_rss, after_rss in (
+        ("API server", report.rss_warm, report.rss_after),
+        ("stage processes (sum)", report.stages_rss_warm, report.stages_rss_after),
+    ):
+        change = (after_rss - warm_rss) / MiB
+        report.check(
+            f"{name} RSS change since warm-up (MiB)",
+            f"within ±{RSS_LIMIT_MIB:g}",
+            f"{change:+.1f}",
+            abs(change) <= RSS_LIMIT_MIB,
+        )
+    report.equal("/health after the run", 200, healthy)
+    report.check("requests", ">= 5000", report.requests, report.requests >= 5000)
+    for rec in [r for r in records if r.problems or r.observed != r.expected][:10]:
+        report.notes.append(
+            f"{rec.kind}: observed {rec.observed!r}; {rec.problems[:3]}"
+        )
+
+
+def soak(scale: float = 1.0, seed: int = 0, *, keep: bool = False) -> Report:
+    """Start the server, soak it, stop it; the report says what matched."""
+    report = Report()
+    began = time.monotonic()
+    directory = Path(tempfile.mkdtemp(prefix="vllm-omni-soak-"))
+    pipeline = write_pipeline(directory, faults=[*FAULTS, VIDEO_FAULT])
+    server = start_server(directory, pipeline, job_store=directory / "jobs.sqlite3")
+    try:
+        server.wait_ready(READY_TIMEOUT_S)
+        asyncio.run(
+            asyncio.wait_for(_soak(server, report, scale, seed), HARD_TIMEOUT_S)
+        )
+    except TimeoutError:
+        report.check(
+            "finished within the hard timeout (s)", HARD_TIMEOUT_S, "timeout", False
+        )
+    finally:
+        server.stop()
+        report.total_s = time.monotonic() - began
+    # Read after the stop: uvicorn's access log is block-buffered until exit.
+    with server.log_path.open("rb") as log:
+        log.seek(report.log_offset)
+        logged = log_counts(log.read().decode(errors="replace"))
+    for name in (LOG_5XX, LOG_4XX, LOG_DEADLINES, LOG_OTHER):
+        report.equal(f"server log: {name}", report.log_expected[name], logged[name])
+    report.equal("server exit code after SIGTERM", 0, server.proc.returncode)
+    report.check(
+        "total wall time incl. server start (s)",
+        "< 180",
+        round(report.total_s, 1),
+        report.total_s < 180,
+    )
+    if report.ok and not keep:
+        shutil.rmtree(directory, ignore_errors=True)
+    else:
+        report.notes.append(f"server log kept: {server.log_path}")
+    return report
+
+
+def table(report: Report) -> str:
+    lines = ["| check | expected | observed | ok |", "| --- | ---: | ---: | :-: |"]
+    for name, expected, observed, ok in report.rows:
+        lines.append(
+            f"| {name} | {expected} | {observed} | {'ok' if ok else 'MISMATCH'} |"
+        )
+    return "\n".join(lines)
+
+
+def summary(report: Report) -> str:
+    outcomes = ", ".join(f"{o}: {n}" for o, n in sorted(report.outcomes.items()))
+    return (
+        f"requests {report.requests} in {report.duration_s:.1f} s "
+        f"({report.rate:.0f} req/s, concurrency {CONCURRENCY}); "
+        f"total wall time {report.total_s:.1f} s\n"
+        f"API server RSS after warm-up {report.rss_warm / MiB:.1f} MiB, "
+        f"after the run {report.rss_after / MiB:.1f} MiB; stage processes "
+        f"{report.stages_rss_warm / MiB:.1f} MiB → "
+        f"{report.stages_rss_after / MiB:.1f} MiB\n"
+        f"outcomes: {outcomes}"
+    )
+
+
+def run() -> list[dict[str, object]]:
+    report = soak()
+    return [
+        {
+            "benchmark": "soak",
+            "ours": round(report.rate, 1),
+            "baseline": None,
+            "ratio": None,
+            "unit": "req/s",
+            "ok": report.ok,
+        }
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="multiply every count of the mix"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--keep", action="store_true", help="keep the server log")
+    args = parser.parse_args()
+    report = soak(args.scale, args.seed, keep=args.keep)
+    print(table(report))
+    print()
+    print(summary(report))
+    for note in report.notes:
+        print("  " + note)
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
