@@ -466,3 +466,33 @@ def test_raw_sse_frames(omni_server: OmniServer) -> None:
     assert len(errors) == 1
     assert events[-1] == "data: [DONE]"
     assert events[-2] == errors[0]
+
+
+@pytest.mark.timeout(60)
+def test_client_cut_stream_aborts_in_the_stages(omni_server: OmniServer) -> None:
+    """A client that hangs up mid-stream: the text stage's running work is
+    cancelled, nothing is written to the dead socket, and no error is counted."""
+    before = metric_samples(omni_server.base_url)
+    with httpx.stream(
+        "POST",
+        omni_server.base_url + CHAT,
+        headers={**omni_server.headers(), "X-Request-Id": "cut-stream-1"},
+        json={
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "a very long answer " * 200}],
+            "max_tokens": 4096,
+            "stream": True,
+        },
+        timeout=30,
+    ) as response:
+        assert response.status_code == 200
+        next(response.iter_lines())
+    deadline = time.monotonic() + 10
+    while "request cut-stream-1 aborted" not in omni_server.log():
+        assert time.monotonic() < deadline, "the stages never saw the abort"
+        time.sleep(0.1)
+    log = omni_server.log()
+    assert "stage 1: request cut-stream-1 aborted (running work cancelled)" in log
+    assert "socket.send() raised exception" not in log
+    after = metric_samples(omni_server.base_url)
+    assert sample_delta(before, after, "vllm_omni:errors_total") == 0

@@ -60,6 +60,8 @@ class VideoServer:
 
     def restart(self) -> None:
         self.server.stop()
+        # SIGTERM is a graceful shutdown: stages stopped in order, exit 0.
+        assert self.server.proc.returncode == 0, self.server.log()[-2000:]
         self.server = start_server(
             self.directory, self.pipeline, api_key=API_KEY, job_store=self.job_store
         )

@@ -223,9 +223,16 @@ class StageWorker:
     def _abort(self, request_id: str) -> None:
         self._stats.aborts.append(request_id)
         task = self._tasks.get(request_id)
-        if task is not None and not task.done():
-            task.cancel()
+        running = task is not None and not task.done()
+        if running:
+            task.cancel()  # type: ignore[union-attr]
             self._stats.cancelled.append(request_id)
+        logger.info(
+            "stage %d: request %s aborted%s",
+            self.stage_id,
+            request_id,
+            " (running work cancelled)" if running else "",
+        )
 
     def _utility(self, method: str) -> Any:
         if method == "stats":
