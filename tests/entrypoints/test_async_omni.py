@@ -160,7 +160,7 @@ async def test_validation_before_submission_sends_nothing(
         await collect(
             reference_engine, "x", request_id="pre-2", params={"obj": object()}
         )
-    assert info.value.parameter == "params"
+    assert info.value.parameter == "obj"  # the offending parameter, by name
     after = await reference_engine.stage_stats()
     assert [s["submitted"] for s in after.values()] == [
         s["submitted"] for s in before.values()
