@@ -930,3 +930,20 @@ def test_to_exception_round_trips(record: OmniErrorDetails) -> None:
         assert type(exc) is OmniEngineGenerateError
     else:
         assert type(exc) is OmniServerError
+
+
+def test_unhashable_exception_class_is_an_unknown_server_error() -> None:
+    class Unhashable(type):
+        __hash__ = None  # type: ignore[assignment]
+
+    class Odd(Exception, metaclass=Unhashable):
+        pass
+
+    from vllm_omni.errors.normalizer import is_legacy_fallback
+    from vllm_omni.errors.table import row_for
+
+    assert row_for(Odd, True).exc_type is BaseException
+    assert is_legacy_fallback(Odd("x")) is False
+    details = normalize(Odd("/home/alice"), mode="legacy")
+    assert (details.status_code, details.error_type) == (500, "InternalServerError")
+    assert details.message == "The server had an error while processing your request."

@@ -220,9 +220,21 @@ _LEGACY_BY_TYPE: dict[type[BaseException], StatusRow] = {
 }
 
 
-@cache
 def row_for(exc_type: type[BaseException], legacy: bool = False) -> StatusRow:
     """The most specific row for ``exc_type`` (legacy rows only if asked).
+
+    A class that cannot be looked up (a metaclass that makes it unhashable)
+    gets the last-resort row: an unknown server error.
+    """
+    try:
+        return _row_for(exc_type, legacy)
+    except TypeError:
+        return _BY_TYPE[BaseException]
+
+
+@cache
+def _row_for(exc_type: type[BaseException], legacy: bool) -> StatusRow:
+    """``row_for``, cached per (type, mode).
 
     Legacy rows are for raw exceptions only: a ``VLLMError`` that also inherits
     ``ValueError`` keeps its semantic row, as upstream checks that first.
