@@ -11,6 +11,7 @@ import warnings
 from collections.abc import Callable
 from typing import NoReturn
 
+from vllm_omni.errors.details import STATUS_RANGES
 from vllm_omni.errors.types import OmniClientError
 
 __all__ = [
@@ -21,7 +22,7 @@ __all__ = [
 ]
 
 _REMOVAL = "It will be removed in the next release; use OmniErrorDetails instead."
-_CLIENT_STATUSES = range(400, 500)
+_CLIENT_STATUSES = STATUS_RANGES["client"]
 
 
 def _deprecated(name: str) -> None:

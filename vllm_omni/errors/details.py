@@ -25,11 +25,24 @@ from vllm_omni.errors.sanitize import (
     sanitize_request_id,
 )
 
-__all__ = ["LEGACY_WIRE_FIELDS", "WIRE_FIELDS", "OmniErrorDetails"]
+__all__ = [
+    "DEFAULT_STATUS",
+    "DEFAULT_TYPE",
+    "LEGACY_WIRE_FIELDS",
+    "STATUS_RANGES",
+    "WIRE_FIELDS",
+    "OmniErrorDetails",
+]
 
 GENERIC_SERVER_MESSAGE = "The server had an error while processing your request."
-_RANGES = {"client": range(400, 500), "server": range(500, 600)}
-_DEFAULT_TYPES = {"client": "BadRequestError", "server": "InternalServerError"}
+# Each owner's statuses and defaults: the one definition every module reads
+# (here, not in table.py, because this module must stay cheap to import).
+STATUS_RANGES: dict[str, range] = {"client": range(400, 500), "server": range(500, 600)}
+DEFAULT_STATUS: dict[str, int] = {"client": 400, "server": 500}
+DEFAULT_TYPE: dict[str, str] = {
+    "client": "BadRequestError",
+    "server": "InternalServerError",
+}
 _ERROR_TYPE_RE = re.compile(r"[A-Za-z][A-Za-z0-9 _.-]{0,63}")
 
 # The complete field set, and the flat fields that 0.30-era receivers read.
@@ -86,7 +99,7 @@ class OmniErrorDetails:
             raise RuntimeError(f"invalid OmniErrorDetails: {problem}")
 
     def _violation(self) -> str | None:
-        status_range = _RANGES.get(self.category)  # type: ignore[arg-type]
+        status_range = STATUS_RANGES.get(self.category)  # type: ignore[arg-type]
         if status_range is None:
             return f"category must be 'client' or 'server', got {self.category!r}"
         if not _is_int(self.status_code) or self.status_code not in status_range:
@@ -179,13 +192,13 @@ def _read_wire(
         raise RuntimeError("status_code missing")
     category = data.get("category")
     if category is None:
-        category = next(name for name, span in _RANGES.items() if status in span)
+        category = next(name for name, span in STATUS_RANGES.items() if status in span)
     message = data.get("message", data.get("error"))
     if not isinstance(message, str):
         raise RuntimeError("message missing")
     error_type = data.get("error_type")
     if not (isinstance(error_type, str) and _ERROR_TYPE_RE.fullmatch(error_type)):
-        error_type = _DEFAULT_TYPES[category]
+        error_type = DEFAULT_TYPE[category]
     fatal = data.get("fatal", False)
     return OmniErrorDetails(
         message=sanitize_message(message),

@@ -42,7 +42,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from vllm import envs
 from vllm.entrypoints.launchers.launcher import terminate_if_errored
 
-from vllm_omni.errors.details import OmniErrorDetails
+from vllm_omni.errors.details import DEFAULT_TYPE, STATUS_RANGES, OmniErrorDetails
 from vllm_omni.errors.metrics import RAW_FALLBACKS_TOTAL
 from vllm_omni.errors.normalizer import Mode, is_legacy_fallback, normalize
 from vllm_omni.errors.render import (
@@ -278,22 +278,19 @@ async def deny_websocket(scope: Scope, send: Send, details: OmniErrorDetails) ->
 # -- framework errors (inside ExceptionMiddleware) ----------------------------
 
 
+_DEFAULT_DETAIL = {"client": "Bad Request", "server": "Internal Server Error"}
+
+
 def _framework_exception(exc: StarletteHTTPException) -> BaseException:
     status = exc.status_code
-    error_type = HTTP_STATUS_TYPES.get(status)
-    detail = exc.detail if isinstance(exc.detail, str) else None
-    if status in range(400, 500):
-        return OmniClientError(
-            detail or "Bad Request",
-            status_code=status,
-            error_type=error_type or "BadRequestError",
-        )
-    if status in range(500, 600):
-        return OmniServerError(
-            detail or "Internal Server Error",
-            status_code=status,
-            error_type=error_type or "InternalServerError",
-        )
+    for category, wrapper in (("client", OmniClientError), ("server", OmniServerError)):
+        if status in STATUS_RANGES[category]:
+            detail = exc.detail if isinstance(exc.detail, str) else None
+            return wrapper(
+                detail or _DEFAULT_DETAIL[category],
+                status_code=status,
+                error_type=HTTP_STATUS_TYPES.get(status, DEFAULT_TYPE[category]),
+            )
     return exc
 
 

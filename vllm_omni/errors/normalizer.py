@@ -14,7 +14,10 @@ import dataclasses
 from typing import Any, Literal
 
 from vllm_omni.errors.details import (
+    DEFAULT_STATUS,
+    DEFAULT_TYPE,
     GENERIC_SERVER_MESSAGE,
+    STATUS_RANGES,
     OmniErrorDetails,
     is_stage_id,
 )
@@ -24,9 +27,6 @@ from vllm_omni.errors.sanitize import (
     sanitize_request_id,
 )
 from vllm_omni.errors.table import (
-    DEFAULT_STATUS,
-    DEFAULT_TYPE,
-    STATUS_RANGES,
     StatusRow,
     phrase_type,
     row_for,

@@ -21,6 +21,7 @@ from typing import Literal
 
 from vllm.exceptions import RetryableRequestError
 
+from vllm_omni.errors.details import DEFAULT_TYPE, STATUS_RANGES
 from vllm_omni.errors.types import (
     EngineDeadError,
     EngineGenerateError,
@@ -49,13 +50,6 @@ Category = Literal["client", "server"]
 #   generic  – GENERIC_SERVER_MESSAGE; the real text goes to the server log
 #   fixed    – the class's CLIENT_MESSAGE (EngineDeadError)
 MessagePolicy = Literal["own", "generic", "fixed"]
-
-STATUS_RANGES: dict[str, range] = {"client": range(400, 500), "server": range(500, 600)}
-DEFAULT_STATUS: dict[str, int] = {"client": 400, "server": 500}
-DEFAULT_TYPE: dict[str, str] = {
-    "client": "BadRequestError",
-    "server": "InternalServerError",
-}
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,8 @@ from vllm.exceptions import (
 )
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
+from vllm_omni.errors.details import STATUS_RANGES
+
 if TYPE_CHECKING:
     from vllm_omni.errors.details import OmniErrorDetails
 
@@ -206,7 +208,7 @@ class OmniClientError(_ExplicitStatus, VLLMClientError):
     ``VLLMClientError`` (or a specific subtype) instead.
     """
 
-    _statuses = range(400, 500)
+    _statuses = STATUS_RANGES["client"]
 
     def __init__(
         self,
@@ -223,7 +225,7 @@ class OmniClientError(_ExplicitStatus, VLLMClientError):
 class OmniServerError(_ExplicitStatus, VLLMServerError):
     """A server error with an explicit 5xx status, rebuilt from the wire."""
 
-    _statuses = range(500, 600)
+    _statuses = STATUS_RANGES["server"]
 
     def __init__(
         self,
