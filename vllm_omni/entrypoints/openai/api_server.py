@@ -65,25 +65,30 @@ def _route_modules() -> list[Any]:
     return modules
 
 
+async def _run_hooks(app: FastAPI, hook: str, *args: Any) -> None:
+    """Call ``hook`` (``init_state`` / ``shutdown_state``) on every route module
+    that has it, awaiting it when it is a coroutine function."""
+    for module in app.state.route_modules:
+        function: Callable[..., Any] | None = getattr(module, hook, None)
+        if function is not None:
+            result = function(app, *args)
+            if asyncio.iscoroutine(result):
+                await result
+
+
 def build_app(args: argparse.Namespace) -> FastAPI:
     """The app with every router, the error boundary and the metrics."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
-        for module in _route_modules():
-            shutdown: Callable[[FastAPI], Any] | None = getattr(
-                module, "shutdown_state", None
-            )
-            if shutdown is not None:
-                result = shutdown(app)
-                if asyncio.iscoroutine(result):
-                    await result
+        await _run_hooks(app, "shutdown_state")
 
     app = FastAPI(title="vLLM-Omni", lifespan=lifespan)
     app.state.api_key = getattr(args, "api_key", None)
+    app.state.route_modules = _route_modules()
     auth = [Depends(require_api_key)]
-    for module in _route_modules():
+    for module in app.state.route_modules:
         public = getattr(module, "PUBLIC", False)
         app.include_router(
             module.router,
@@ -107,14 +112,7 @@ async def init_app_state(
     """Attach the engine and let each route module set up its own state."""
     app.state.engine_client = engine
     app.state.args = args
-    for module in _route_modules():
-        init: Callable[[FastAPI, argparse.Namespace], Any] | None = getattr(
-            module, "init_state", None
-        )
-        if init is not None:
-            result = init(app, args)
-            if asyncio.iscoroutine(result):
-                await result
+    await _run_hooks(app, "init_state", args)
 
 
 async def run_server(args: argparse.Namespace) -> int:
