@@ -39,7 +39,6 @@ from starlette.middleware import Middleware
 from starlette.requests import HTTPConnection
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from vllm import envs
 from vllm.entrypoints.launchers.launcher import terminate_if_errored
 
 from vllm_omni.errors.details import DEFAULT_TYPE, STATUS_RANGES, OmniErrorDetails
@@ -173,31 +172,27 @@ def _log(exc: BaseException | None, details: OmniErrorDetails) -> None:
 def _terminate_if_errored(
     app: Any, exc: BaseException, details: OmniErrorDetails
 ) -> None:
-    """Stage-aware ``terminate_if_errored``: upstream's rule, our log line."""
+    """Stage-aware ``terminate_if_errored``: upstream's rule, our log line.
+
+    Upstream decides (engine state, ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH``); the
+    log line reports what it decided, naming the stage that died.
+    """
     state = getattr(app, "state", None)
     server = getattr(state, "server", None)
     engine = getattr(state, "engine_client", None)
     if engine is None:
         return
+    if server is not None:
+        terminate_if_errored(server=server, engine=engine)
     if isinstance(exc, EngineDeadError) or details.fatal:
         logger.critical(
             "engine dead: stage %s failed fatally (request %s); %s",
             details.stage_id if details.stage_id is not None else "unknown",
             details.request_id,
-            "keeping the API server alive"
-            if _keep_alive(engine)
-            else "shutting the API server down",
+            "shutting the API server down"
+            if getattr(server, "should_exit", False)
+            else "keeping the API server alive",
         )
-    if server is None:
-        return
-    terminate_if_errored(server=server, engine=engine)
-
-
-def _keep_alive(engine: Any) -> bool:
-    return bool(
-        envs.VLLM_KEEP_ALIVE_ON_ENGINE_DEATH
-        or getattr(engine, "should_keep_api_server_alive", False)
-    )
 
 
 def details_for_exception(
