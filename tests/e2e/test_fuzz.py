@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 import requests
 import schemathesis
-from hypothesis import HealthCheck, settings
-from schemathesis import checks
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from schemathesis import APIOperation, Case, GenerationMode, checks
 
 from tests.e2e.canonical import assert_canonical_error
 from tests.e2e.omni_server import OmniServer
@@ -27,32 +28,57 @@ CHECKS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def api_schema(omni_server: OmniServer) -> Any:
-    return schemathesis.openapi.from_url(
+def _operations(omni_server: OmniServer) -> list[APIOperation]:
+    schema = schemathesis.openapi.from_url(
         omni_server.base_url + "/openapi.json", headers=omni_server.headers()
     )
+    return [result.ok() for result in schema.get_all_operations()]
 
 
-schema = schemathesis.pytest.from_fixture("api_schema")
-
-
-@schema.parametrize()
-@settings(
-    max_examples=12,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=list(HealthCheck),
-)
-def test_openapi_contract(case: Any, omni_server: OmniServer) -> None:
-    response = case.call(
-        base_url=omni_server.base_url, headers=omni_server.headers(), timeout=60
-    )
+def _check_operation(operation: APIOperation, omni_server: OmniServer) -> None:
     # Remix is declared but not implemented: 501 is its one documented answer.
-    declared_5xx = case.operation.path.endswith("/remix")
-    case.validate_response(response, checks=CHECKS[1:] if declared_5xx else CHECKS)
-    if response.status_code >= 400:
-        assert_canonical_error(response.status_code, response.json(), response.headers)
+    declared_5xx = operation.path.endswith("/remix")
+    checks_for_operation = CHECKS[1:] if declared_5xx else CHECKS
+
+    # Valid and invalid inputs, as schemathesis' own runner mixes them; an
+    # operation with nothing to make invalid draws only valid cases.
+    cases = st.one_of(
+        operation.as_strategy(generation_mode=GenerationMode.POSITIVE),
+        operation.as_strategy(generation_mode=GenerationMode.NEGATIVE),
+    )
+
+    @given(case=cases)
+    @settings(
+        max_examples=24,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    def run(case: Case) -> None:
+        response = case.call(
+            base_url=omni_server.base_url, headers=omni_server.headers(), timeout=60
+        )
+        case.validate_response(response, checks=checks_for_operation)
+        if response.status_code >= 400:
+            assert_canonical_error(
+                response.status_code, response.json(), response.headers
+            )
+
+    run()
+
+
+def test_openapi_contract(omni_server: OmniServer, subtests: Any) -> None:
+    """Every operation of the server's own OpenAPI, valid and invalid inputs.
+
+    Driven through schemathesis' public API (``as_strategy`` under hypothesis'
+    ``@given``), not its pytest plugin, which reads private pytest internals.
+    """
+    operations = _operations(omni_server)
+    assert len(operations) >= 10, [op.label for op in operations]
+    for operation in operations:
+        with subtests.test(operation=operation.label):
+            _check_operation(operation, omni_server)
 
 
 def test_planted_non_canonical_body_is_caught() -> None:
