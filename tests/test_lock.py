@@ -1,0 +1,68 @@
+"""The checked-in lock covers pyproject's dependencies, and the README's two
+lines install from it.
+
+A new machine resolves what the lock pins (`pip install -c
+requirements/lock.txt …`); a dependency added to pyproject without re-running
+``requirements/lock.sh`` would resolve freely there, so this test fails first.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCK = ROOT / "requirements" / "lock.txt"
+
+
+def _locked() -> dict[str, Version]:
+    pins: dict[str, Version] = {}
+    for line in LOCK.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, version = line.partition("==")
+        assert sep, f"lock line is not an exact pin: {line!r}"
+        pins[canonicalize_name(name)] = Version(version)
+    return pins
+
+
+def _declared() -> list[Requirement]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = [Requirement(spec) for spec in project["dependencies"]]
+    for specs in project["optional-dependencies"].values():
+        declared += [Requirement(spec) for spec in specs]
+    return declared
+
+
+def test_lock_pins_every_declared_dependency_within_its_range() -> None:
+    pins = _locked()
+    problems = []
+    for requirement in _declared():
+        pinned = pins.get(canonicalize_name(requirement.name))
+        if pinned is None:
+            problems.append(f"{requirement.name}: not in the lock")
+        elif not requirement.specifier.contains(pinned, prereleases=True):
+            problems.append(
+                f"{requirement.name}: lock has {pinned}, wants {requirement}"
+            )
+    assert problems == [], "re-run requirements/lock.sh:\n" + "\n".join(problems)
+
+
+def test_readme_lines_install_from_the_lock() -> None:
+    first, second = (ROOT / "README.md").read_text().splitlines()[:2]
+    assert first == (
+        "pip install -c requirements/lock.txt -e . && "
+        "vllm-omni serve --pipeline reference --port 8000"
+    )
+    assert second == (
+        "pip install -c requirements/lock.txt -e '.[test]' && python -m pytest -q"
+    )
+    # .ci/run runs README line 2 itself, in a fresh virtualenv.
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert 'test_line="$(sed -n 2p README.md)"' in ci
+    assert 'rm -rf "$venv"' in ci
