@@ -54,9 +54,14 @@ def test_text_output_is_one_line_per_finding(run_cli: RunCli) -> None:
     done = run_cli(TREE_ARG)
     *lines, summary, inventory = done.stdout.splitlines()
     assert len(lines) == 48
+    # Files by path, findings within a file by line.
     assert lines[0].startswith(
-        f"{TREE_ARG}/top.py:3:1: OMNI001 raw-raise: raw ValueError"
+        f"{TREE_ARG}/api/routes.py:17:11: OMNI005 http-exception: HTTPException(404)"
     )
+    assert lines[-1].startswith(f"{TREE_ARG}/vllm_omni/errors/owned.py:")
+    positions = [line.split(": ", 1)[0].split(":") for line in lines]
+    keyed = [(path, int(row), int(col)) for path, row, col in positions]
+    assert keyed == sorted(keyed)
     assert summary.startswith("audited 6 files: 48 findings (OMNI000 1, OMNI001 18,")
     assert inventory.startswith("raise sites: ValueError 11,")
 
@@ -110,7 +115,7 @@ def test_bad_files_are_findings_and_the_rest_is_audited(
     root = tmp_path / "mixed"
     (root / "pkg").mkdir(parents=True)
     (root / "pkg" / "latin.py").write_bytes(b'name = "caf\xe9"\n')
-    (root / "pkg" / "broken.py").write_text("def f(:\n")
+    (root / "pkg" / "broken.py").write_text("def f(:\n    raise\n")
     (root / "pkg" / "ok.py").write_text("raise TypeError('x')\n")
     done = run_cli(str(root), "--format", "json")
     report = json.loads(done.stdout)
