@@ -46,7 +46,7 @@ def test_help_documents_the_exit_status(run_cli: RunCli) -> None:
     done = run_cli("--help")
     assert done.returncode == 0
     assert "exit status:" in done.stdout
-    for code in ("0  clean", "1  findings", "2  usage error"):
+    for code in ("0  clean", "1  findings", "2  usage or configuration", "3  internal"):
         assert code in done.stdout
 
 

@@ -61,8 +61,12 @@ def test_sarif_has_what_github_code_scanning_reads(run_cli: RunCli) -> None:
         assert artifact["uriBaseId"] == "%SRCROOT%"
         assert not artifact["uri"].startswith("/")
         assert region["startColumn"] >= 1
-        found.add((artifact["uri"], region["startLine"], result["ruleId"]))
+        assert len(result["partialFingerprints"]["omniSite/v1"]) == 20
+        # Relative to the project root: the audited folder here.
+        shown = f"{TREE_ARG}/{artifact['uri']}"
+        found.add((shown, region["startLine"], result["ruleId"]))
     assert found == expected_findings()
+    assert run["originalUriBaseIds"]["%SRCROOT%"]["uri"] == TREE.as_uri() + "/"
 
 
 def test_markdown_reproduces_the_inventory_table(run_cli: RunCli) -> None:

@@ -421,7 +421,7 @@ def _reported(source: SourceFile, finding: Finding, occurrence: int) -> Reported
 
 def fingerprint(rule: str, path: str, scope: str, code: str, occurrence: int) -> str:
     """A site's identity: rule, file (relative to the project root), enclosing
-    qualified name, and the statement with whitespace collapsed; the n-th of
+    qualified name, and the statement without whitespace; the n-th of
     identical statements in one scope is told apart by ``occurrence``. Line
     numbers are not part of it, so moving code does not make a site new."""
     key = "\0".join((rule, path, scope, code, str(occurrence)))

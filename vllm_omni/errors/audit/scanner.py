@@ -24,7 +24,7 @@ skipping such a file changes no inventory count and no finding; a syntax
 error in it goes unreported, which hides no raise site.
 
 Each finding carries its enclosing qualified name (``Class.method``,
-``<module>``) and its statement's source with whitespace collapsed: the
+``<module>``) and its statement's source without whitespace: the
 runner fingerprints sites with them, so a baseline survives line moves.
 """
 
@@ -626,7 +626,7 @@ class _Scanner:
         )
 
     def _source(self, node: ast.AST) -> str:
-        """``node``'s source with whitespace runs collapsed to one space."""
+        """``node``'s source without whitespace (a fingerprint input)."""
         lines = self._text_lines()
         first, last = node.lineno, node.end_lineno or node.lineno
         start, end = node.col_offset, node.end_col_offset
@@ -636,7 +636,10 @@ class _Scanner:
         picked[-1] = picked[-1][:end]
         picked[0] = picked[0][start:]
         text = b"\n".join(picked).decode(errors="replace")
-        return " ".join(text.split())[:_CODE_LIMIT]
+        # Without any whitespace: reformatting (``raise  X( 'a' )``) must not
+        # make a site new, and two statements that differ only in spaces
+        # are the same code.
+        return "".join(text.split())[:_CODE_LIMIT]
 
     def _text_lines(self) -> list[str]:
         if self._lines is None:
