@@ -17,7 +17,6 @@ import json
 from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from urllib.parse import quote
 
 from vllm_omni import __version__
 from vllm_omni.errors.audit.rules import (
@@ -289,9 +288,8 @@ def _directory_uri(root: str) -> str:
 
 
 def _sarif_result(finding: ReportedFinding, index: dict[str, int]) -> dict[str, object]:
-    # Relative to the project root (%SRCROOT%); a shown ``\\xff`` escape of an
-    # undecodable name byte is percent-encoded like any other character.
-    location = {"uri": quote(finding.relative), "uriBaseId": _SRCROOT}
+    # Relative to the project root (%SRCROOT%), the name's bytes as they are.
+    location = {"uri": finding.uri, "uriBaseId": _SRCROOT}
     return {
         "ruleId": finding.rule,
         "ruleIndex": index[finding.rule],

@@ -33,6 +33,7 @@ from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
 from vllm_omni.errors.audit import rules
 from vllm_omni.errors.audit.allowlist import AllowEntry
@@ -61,6 +62,8 @@ class SourceFile:
     owned: bool
     # Why this path cannot be audited (an OMNI000 finding), or None.
     problem: str | None = None
+    # ``relative`` as a URI reference: the name's raw bytes percent-encoded.
+    uri: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +80,7 @@ class ReportedFinding:
     relative: str = ""
     scope: str = ""
     fingerprint: str = ""
+    uri: str = ""
 
 
 @dataclass(slots=True)
@@ -225,6 +229,7 @@ class _Walker:
                 _printable(folder),
                 _owned(real),
                 problem,
+                quote(os.fsencode(relative).replace(os.sep.encode(), b"/")),
             )
         )
 
@@ -412,6 +417,7 @@ def _reported(source: SourceFile, finding: Finding, occurrence: int) -> Reported
         message=finding.message,
         suggestion=finding.suggestion,
         relative=source.relative,
+        uri=source.uri,
         scope=finding.scope,
         fingerprint=fingerprint(
             finding.rule, source.relative, finding.scope, finding.code, occurrence
