@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from vllm_omni.errors.audit import cli, runner
+
 from .conftest import REPO, TREE_ARG, RunCli
 
 HEAVY_MODULES = ("vllm", "torch", "fastapi", "starlette", "pydantic", "numpy")
@@ -126,3 +128,19 @@ def test_bad_files_are_findings_and_the_rest_is_audited(
         ("latin.py", "OMNI000"),
         ("ok.py", "OMNI001"),
     ]
+
+
+def test_an_internal_error_exits_3_not_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # A bug in the audit cannot be provoked through a real tree any more
+    # (every bad input is a finding), so one is planted in the scanner.
+    def broken(*args: object, **kwargs: object) -> None:
+        raise KeyError("planted")
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(runner, "scan_files", broken)
+    status = cli.main([TREE_ARG, "--cache-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert status == cli.EXIT_INTERNAL == 3
+    assert err.startswith("vllm-omni errors audit: internal error: KeyError: 'planted'")
