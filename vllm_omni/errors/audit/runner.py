@@ -160,8 +160,11 @@ class _Walker:
     """A cycle-safe walk that follows symlinked folders once."""
 
     def __init__(self, project: str) -> None:
-        self._project = project
-        self._cwd = os.path.join(os.path.realpath(os.getcwd()), "")
+        # Every path is built by joining names below an absolute argument
+        # inside the project, so prefixes give relative paths: resolving
+        # thousands of paths one by one costs more than a warm run.
+        self._project = os.path.join(project, "")
+        self._cwd = os.path.join(os.getcwd(), "")
         self._seen: set[tuple[int, int]] = set()
         self.files: list[SourceFile] = []
 
@@ -216,9 +219,8 @@ class _Walker:
         self._add(path, problem)
 
     def _add(self, path: str, problem: str | None) -> None:
-        real = os.path.realpath(path)
         shown = path[len(self._cwd) :] if path.startswith(self._cwd) else path
-        relative = os.path.relpath(path, self._project)
+        relative = path[len(self._project) :] if path != self._project[:-1] else "."
         parts = relative.split(os.sep)
         folder = parts[0] if len(parts) > 1 else ROOT_FOLDER
         self.files.append(
@@ -227,7 +229,7 @@ class _Walker:
                 _printable(shown),
                 _printable(relative),
                 _printable(folder),
-                _owned(real),
+                _owned(path),
                 problem,
                 quote(os.fsencode(relative).replace(os.sep.encode(), b"/")),
             )
