@@ -79,8 +79,16 @@ def wheel_tree(cache: Path | None = None) -> Path:
         return tree
     with tempfile.TemporaryDirectory(dir=_made(cache)) as scratch:
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", WHEEL]
-            + ["-d", scratch, "-q"],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                WHEEL,
+                "-d",
+                scratch,
+            ],
             check=True,
             stdout=subprocess.DEVNULL,
         )
@@ -91,7 +99,7 @@ def wheel_tree(cache: Path | None = None) -> Path:
         # Renamed into place whole: a concurrent or interrupted run never
         # sees half a tree.
         try:
-            (unpacked).rename(tree.parent)
+            unpacked.rename(tree.parent)
         except OSError:
             if not tree.is_dir():
                 raise
