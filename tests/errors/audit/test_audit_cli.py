@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from vllm_omni.errors.audit import cli, runner
+from vllm_omni.errors.audit.rules import RULES
 
 from .conftest import REPO, TREE_ARG, RunCli
 
@@ -144,3 +145,15 @@ def test_an_internal_error_exits_3_not_1(
     err = capsys.readouterr().err
     assert status == cli.EXIT_INTERNAL == 3
     assert err.startswith("vllm-omni errors audit: internal error: KeyError: 'planted'")
+
+
+def test_the_guide_documents_every_exit_status_and_rule(run_cli: RunCli) -> None:
+    guide = (REPO / "docs" / "errors" / "migration.md").read_text()
+    table = guide.split("| exit status | meaning |\n| ---: | --- |\n", 1)[1]
+    documented = [int(row.split("|")[1]) for row in table.split("\n\n")[0].splitlines()]
+    codes = [cli.EXIT_CLEAN, cli.EXIT_FINDINGS, cli.EXIT_USAGE, cli.EXIT_INTERNAL]
+    assert documented == codes == [0, 1, 2, 3]
+    assert [f"### {rule.id} {rule.name}" in guide for rule in RULES] == [True] * 6
+    for option in ("--root", "--sarif-max-results", "--sarif-include-allowlisted"):
+        assert option in guide
+        assert option in run_cli("--help").stdout
