@@ -188,3 +188,15 @@ def test_a_bad_root_is_a_usage_error(
     assert done.returncode == 2
     assert complaint in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_an_undecodable_root_argument_is_printable(
+    tmp_path: Path, run_cli: RunCli
+) -> None:
+    # The Markdown header quotes the PATH arguments as given.
+    root = tmp_path / os.fsdecode(b"dir\xfe")
+    write(root / "m.py")
+    done = run_cli(str(root), "--format", "markdown")
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "dir\\xfe`: 1 findings" in done.stdout

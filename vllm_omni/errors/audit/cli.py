@@ -231,11 +231,18 @@ def _ratchet(path: Path, baseline: Baseline, report: Report, *, update: bool) ->
 
 
 def _write(output: Path | None, text: str) -> None:
-    data = text.encode("utf-8")
+    # backslashreplace: a message may quote a string literal holding a lone
+    # surrogate ("\ud800"), which UTF-8 cannot encode.
+    data = text.encode("utf-8", "backslashreplace")
     if output is None:
-        sys.stdout.flush()
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
+        try:
+            sys.stdout.flush()
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+        except BrokenPipeError:
+            # ``audit ... | head``: the reader has gone; the exit status
+            # still tells the verdict. Nothing more may reach the pipe.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return
     try:
         output.write_bytes(data)

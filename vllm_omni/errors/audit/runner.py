@@ -119,7 +119,9 @@ def run_audit(
     """Audit ``paths`` (labelled relative to ``root``) and aggregate."""
     project, files = discover(paths, root=root)
     results = scan_files(files, jobs=jobs, cache=cache)
-    return build_report(list(paths), project, files, results, allowlist)
+    return build_report(
+        [_printable(path) for path in paths], project, files, results, allowlist
+    )
 
 
 def project_root(paths: Sequence[str], root: str | None = None) -> str:
