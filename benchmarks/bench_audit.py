@@ -50,12 +50,15 @@ def run(
         files = sum(1 for _ in root.rglob("*.py"))
         cold, warm, ruff = [], [], []
         # Interleaved, so load from other processes hits all three alike.
+        # From an empty folder: ``python -m`` puts the working directory
+        # first on sys.path, and next to the wheel's tree that would run the
+        # wheel's own vllm_omni instead of ours.
         for _ in range(repeats):
             with tempfile.TemporaryDirectory() as cache:
                 audit = [*_audit_command(), str(root), "--cache-dir", cache]
-                cold.append(_seconds(audit, root.parent))
-                warm.append(_seconds(audit, root.parent))
-            ruff.append(_seconds(_ruff_command(root), root.parent))
+                cold.append(_seconds(audit, Path(cache)))
+                warm.append(_seconds(audit, Path(cache)))
+                ruff.append(_seconds(_ruff_command(root), Path(cache)))
         baseline = statistics.median(ruff)
         rows += [
             _row(f"audit {kind} ({label})", statistics.median(times), baseline, files)
@@ -172,11 +175,12 @@ def _ruff_command(root: Path) -> list[str]:
 
 def _seconds(command: list[str], cwd: Path) -> float:
     start = time.perf_counter()
-    done = subprocess.run(
-        command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
     elapsed = time.perf_counter() - start
-    if done.returncode not in _OK_EXIT:
+    # Exit 1 is also Python's status for a crash: "findings" counts only
+    # with its output (the audit's report, ruff's diagnostics).
+    crashed = done.returncode == 1 and not done.stdout.strip()
+    if done.returncode not in _OK_EXIT or crashed:
         raise RuntimeError(f"{command[0]} failed ({done.returncode}): {done.stderr}")
     return elapsed
 
