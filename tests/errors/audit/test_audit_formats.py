@@ -119,6 +119,10 @@ def test_json_counts_agree_with_findings(
     assert report["inventory"]["VLLMValidationError"]["kind"] == "semantic"
     assert report["inventory"]["RuntimeError"]["kind"] == "builtin"
     assert report["files"] == 6
+    fingerprints = [f["fingerprint"] for f in report["findings"]]
+    assert len(set(fingerprints)) == len(fingerprints) == 48
+    scopes = {(f["path"].rsplit("/", 1)[1], f["scope"]) for f in report["findings"]}
+    assert ("raw.py", "Base.wrong_type") in scopes
 
 
 def test_sarif_keeps_at_most_max_results_errors_first(run_cli: RunCli) -> None:

@@ -263,6 +263,8 @@ def _finding_json(finding: ReportedFinding) -> dict[str, object]:
         "column": finding.column,
         "message": finding.message,
         "suggestion": finding.suggestion,
+        "scope": finding.scope,
+        "fingerprint": finding.fingerprint,
     }
 
 
