@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from vllm_omni.errors.audit import cli, runner
+from vllm_omni.errors.audit.rules import RULES
+
 from .conftest import REPO, TREE_ARG, RunCli
 
 HEAVY_MODULES = ("vllm", "torch", "fastapi", "starlette", "pydantic", "numpy")
@@ -46,7 +49,7 @@ def test_help_documents_the_exit_status(run_cli: RunCli) -> None:
     done = run_cli("--help")
     assert done.returncode == 0
     assert "exit status:" in done.stdout
-    for code in ("0  clean", "1  findings", "2  usage error"):
+    for code in ("0  clean", "1  findings", "2  usage or configuration", "3  internal"):
         assert code in done.stdout
 
 
@@ -54,9 +57,14 @@ def test_text_output_is_one_line_per_finding(run_cli: RunCli) -> None:
     done = run_cli(TREE_ARG)
     *lines, summary, inventory = done.stdout.splitlines()
     assert len(lines) == 48
+    # Files by path, findings within a file by line.
     assert lines[0].startswith(
-        f"{TREE_ARG}/top.py:3:1: OMNI001 raw-raise: raw ValueError"
+        f"{TREE_ARG}/api/routes.py:17:11: OMNI005 http-exception: HTTPException(404)"
     )
+    assert lines[-1].startswith(f"{TREE_ARG}/vllm_omni/errors/owned.py:")
+    positions = [line.split(": ", 1)[0].split(":") for line in lines]
+    keyed = [(path, int(row), int(col)) for path, row, col in positions]
+    assert keyed == sorted(keyed)
     assert summary.startswith("audited 6 files: 48 findings (OMNI000 1, OMNI001 18,")
     assert inventory.startswith("raise sites: ValueError 11,")
 
@@ -110,7 +118,7 @@ def test_bad_files_are_findings_and_the_rest_is_audited(
     root = tmp_path / "mixed"
     (root / "pkg").mkdir(parents=True)
     (root / "pkg" / "latin.py").write_bytes(b'name = "caf\xe9"\n')
-    (root / "pkg" / "broken.py").write_text("def f(:\n")
+    (root / "pkg" / "broken.py").write_text("def f(:\n    raise\n")
     (root / "pkg" / "ok.py").write_text("raise TypeError('x')\n")
     done = run_cli(str(root), "--format", "json")
     report = json.loads(done.stdout)
@@ -121,3 +129,31 @@ def test_bad_files_are_findings_and_the_rest_is_audited(
         ("latin.py", "OMNI000"),
         ("ok.py", "OMNI001"),
     ]
+
+
+def test_an_internal_error_exits_3_not_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # A bug in the audit cannot be provoked through a real tree any more
+    # (every bad input is a finding), so one is planted in the scanner.
+    def broken(*args: object, **kwargs: object) -> None:
+        raise KeyError("planted")
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(runner, "scan_files", broken)
+    status = cli.main([TREE_ARG, "--cache-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert status == cli.EXIT_INTERNAL == 3
+    assert err.startswith("vllm-omni errors audit: internal error: KeyError: 'planted'")
+
+
+def test_the_guide_documents_every_exit_status_and_rule(run_cli: RunCli) -> None:
+    guide = (REPO / "docs" / "errors" / "migration.md").read_text()
+    table = guide.split("| exit status | meaning |\n| ---: | --- |\n", 1)[1]
+    documented = [int(row.split("|")[1]) for row in table.split("\n\n")[0].splitlines()]
+    codes = [cli.EXIT_CLEAN, cli.EXIT_FINDINGS, cli.EXIT_USAGE, cli.EXIT_INTERNAL]
+    assert documented == codes == [0, 1, 2, 3]
+    assert [f"### {rule.id} {rule.name}" in guide for rule in RULES] == [True] * 6
+    for option in ("--root", "--sarif-max-results", "--sarif-include-allowlisted"):
+        assert option in guide
+        assert option in run_cli("--help").stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -71,44 +72,127 @@ def test_a_bad_allowlist_is_a_usage_error(
     assert complaint in done.stderr
 
 
-def test_baseline_ratchet(tmp_path: Path, run_cli: RunCli) -> None:
-    tree = tmp_path / "tree"
-    (tree / "api").mkdir(parents=True)
-    module = tree / "api" / "routes.py"
-    module.write_text("raise ValueError('a')\nraise ValueError('b')\n")
-    baseline = tmp_path / "baseline.json"
+def _sites(baseline: Path) -> list[tuple[str, str, str]]:
+    document = json.loads(baseline.read_text())
+    assert document["version"] == 2
+    return [(s["rule"], s["path"], s["scope"]) for s in document["sites"]]
 
-    created = run_cli(str(tree), "--baseline", str(baseline), "--update-baseline")
+
+@pytest.fixture
+def routes(tmp_path: Path) -> Path:
+    module = tmp_path / "tree" / "api" / "routes.py"
+    module.parent.mkdir(parents=True)
+    module.write_text(
+        "def create(n):\n"
+        "    if n < 0:\n"
+        "        raise ValueError('n must be >= 0')\n"
+        "    raise TypeError('bad n')\n"
+    )
+    return module
+
+
+def test_a_baseline_holds_sites_not_counts(
+    tmp_path: Path, run_cli: RunCli, routes: Path
+) -> None:
+    tree, baseline = str(routes.parents[1]), tmp_path / "baseline.json"
+    created = run_cli(tree, "--baseline", str(baseline), "--update-baseline")
     assert created.returncode == 0, created.stderr
-    assert json.loads(baseline.read_text())["counts"] == {"OMNI001": {"api": 2}}
-
+    assert _sites(baseline) == [
+        ("OMNI001", "api/routes.py", "create"),
+        ("OMNI001", "api/routes.py", "create"),
+    ]
     # Findings within the baseline pass; without --baseline they fail.
-    assert run_cli(str(tree), "--baseline", str(baseline)).returncode == 0
-    assert run_cli(str(tree)).returncode == 1
+    assert run_cli(tree, "--baseline", str(baseline)).returncode == 0
+    assert run_cli(tree).returncode == 1
 
-    module.write_text("raise ValueError('a')\nraise ValueError('b')\nraise TypeError\n")
-    grown = run_cli(str(tree), "--baseline", str(baseline))
+
+def test_line_moves_and_unrelated_edits_keep_a_site(
+    tmp_path: Path, run_cli: RunCli, routes: Path
+) -> None:
+    tree, baseline = str(routes.parents[1]), tmp_path / "baseline.json"
+    run_cli(tree, "--baseline", str(baseline), "--update-baseline")
+    moved = "import os\n\n\n" + routes.read_text().replace(
+        "raise TypeError('bad n')", "x = os.sep\n    raise  TypeError( 'bad n' )"
+    )
+    routes.write_text(moved)
+    done = run_cli(tree, "--baseline", str(baseline))
+    assert (done.returncode, done.stderr) == (0, "")
+
+
+def test_fixing_one_site_and_adding_another_fails_naming_the_new_one(
+    tmp_path: Path, run_cli: RunCli, routes: Path
+) -> None:
+    tree, baseline = str(routes.parents[1]), tmp_path / "baseline.json"
+    run_cli(tree, "--baseline", str(baseline), "--update-baseline")
+    # Same folder, same rule, same count: a count ratchet would pass.
+    routes.write_text(
+        routes.read_text().replace("raise TypeError('bad n')", "return n")
+        + "\n\ndef delete(n):\n    raise ValueError('gone')\n"
+    )
+    done = run_cli(tree, "--baseline", str(baseline))
+    assert done.returncode == 1
+    first = done.stderr.splitlines()[0]
+    assert first == (
+        f"{routes}:8:5 OMNI001 raw ValueError raised ('gone'): its status depends "
+        "on the fallback mode (legacy 4xx/501, strict 500)"
+    )
+    assert "1 new sites not in the baseline" in done.stderr
+    refused = run_cli(tree, "--baseline", str(baseline), "--update-baseline")
+    assert refused.returncode == 1
+    assert "refusing to add sites" in refused.stderr
+    assert len(_sites(baseline)) == 2
+
+
+def test_fixed_sites_are_tightenable(
+    tmp_path: Path, run_cli: RunCli, routes: Path
+) -> None:
+    tree, baseline = str(routes.parents[1]), tmp_path / "baseline.json"
+    run_cli(tree, "--baseline", str(baseline), "--update-baseline")
+    routes.write_text(routes.read_text().replace("raise TypeError('bad n')", "pass"))
+    done = run_cli(tree, "--baseline", str(baseline))
+    assert done.returncode == 0
+    assert "tightenable: api/routes.py:4 OMNI001 in create is fixed" in done.stderr
+    assert "--update-baseline" in done.stderr
+    updated = run_cli(tree, "--baseline", str(baseline), "--update-baseline")
+    assert updated.returncode == 0
+    assert _sites(baseline) == [("OMNI001", "api/routes.py", "create")]
+
+
+def test_identical_statements_in_one_scope_are_distinct_sites(
+    tmp_path: Path, run_cli: RunCli, routes: Path
+) -> None:
+    tree, baseline = str(routes.parents[1]), tmp_path / "baseline.json"
+    routes.write_text("def f():\n    raise ValueError('x')\n")
+    run_cli(tree, "--baseline", str(baseline), "--update-baseline")
+    routes.write_text(
+        "def f():\n    raise ValueError('x')\n    raise ValueError('x')\n"
+    )
+    done = run_cli(tree, "--baseline", str(baseline))
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[0].startswith(f"{routes}:3:5 OMNI001")
+
+
+def test_a_count_baseline_is_read_and_converted(
+    tmp_path: Path, run_cli: RunCli, routes: Path
+) -> None:
+    tree, baseline = str(routes.parents[1]), tmp_path / "baseline.json"
+    baseline.write_text(json.dumps({"version": 1, "counts": {"OMNI001": {"api": 2}}}))
+    kept = run_cli(tree, "--baseline", str(baseline))
+    assert kept.returncode == 0
+    assert "holds counts; run with --update-baseline to convert" in kept.stderr
+
+    routes.write_text(routes.read_text() + "raise OverflowError\n")
+    grown = run_cli(tree, "--baseline", str(baseline))
     assert grown.returncode == 1
     assert "grew: OMNI001 in api: 2 -> 3 (+1)" in grown.stderr
-    refused = run_cli(str(tree), "--baseline", str(baseline), "--update-baseline")
-    assert refused.returncode == 1
-    assert "refusing to raise counts" in refused.stderr
-    assert json.loads(baseline.read_text())["counts"] == {"OMNI001": {"api": 2}}
+    # Counts cannot say which site is new: each one of the group is named.
+    assert f"{routes}:5:1 OMNI001 raw OverflowError raised" in grown.stderr
 
-    module.write_text("raise ValueError('a')\n")
-    fallen = run_cli(str(tree), "--baseline", str(baseline))
-    assert fallen.returncode == 0
-    assert "fell: OMNI001 in api: 2 -> 1 (-1)" in fallen.stderr
-    assert "--update-baseline" in fallen.stderr
-    updated = run_cli(str(tree), "--baseline", str(baseline), "--update-baseline")
-    assert updated.returncode == 0
-    assert json.loads(baseline.read_text())["counts"] == {"OMNI001": {"api": 1}}
-
-    # A new (rule, folder) pair is growth too.
-    (tree / "core.py").write_text("import fastapi\nraise fastapi.HTTPException(404)\n")
-    new_pair = run_cli(str(tree), "--baseline", str(baseline))
-    assert new_pair.returncode == 1
-    assert "grew: OMNI005 in .: 0 -> 1 (+1)" in new_pair.stderr
+    routes.write_text(routes.read_text().replace("raise OverflowError\n", ""))
+    converted = run_cli(tree, "--baseline", str(baseline), "--update-baseline")
+    assert converted.returncode == 0
+    assert "converted from counts to sites" in converted.stderr
+    assert len(_sites(baseline)) == 2
 
 
 @pytest.mark.parametrize(
@@ -118,6 +202,8 @@ def test_baseline_ratchet(tmp_path: Path, run_cli: RunCli) -> None:
         ("not json", ("--baseline", "{b}"), "not valid JSON"),
         ('{"counts": {"OMNI001": {"api": -1}}}', ("--baseline", "{b}"), "must be"),
         ('{"counts": {"X1": {}}}', ("--baseline", "{b}"), "must be"),
+        ('{"sites": [{"rule": "OMNI001"}]}', ("--baseline", "{b}"), "'sites' must"),
+        ("[]", ("--baseline", "{b}"), "must be a JSON object"),
         (None, ("--update-baseline",), "needs --baseline"),
     ],
 )
@@ -134,3 +220,19 @@ def test_a_bad_baseline_is_a_usage_error(
     done = run_cli(TREE_ARG, *(arg.format(b=baseline) for arg in args))
     assert done.returncode == 2
     assert complaint in done.stderr
+
+
+@pytest.mark.parametrize("where", ["missing-dir/b.json", "read-only/b.json"])
+def test_an_unwritable_baseline_is_a_usage_error(
+    tmp_path: Path, run_cli: RunCli, where: str
+) -> None:
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    if where.startswith("read-only") and os.access(read_only, os.W_OK):
+        pytest.skip("running as root: a read-only mode does not stop writes")
+    target = tmp_path / where
+    done = run_cli(TREE_ARG, "--baseline", str(target), "--update-baseline")
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert f"cannot write baseline {target}" in done.stderr

@@ -49,9 +49,15 @@ def census(root: Path) -> dict[str, Counter[str]]:
                 continue
             target = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
             if isinstance(target, ast.Name):
-                counts[target.id][folder] += 1
+                name = target.id
             elif isinstance(target, ast.Attribute):
-                counts[target.attr][folder] += 1
+                name = target.attr
+            else:
+                continue
+            # ``raise exc``: a variable (lower-case by convention), one row.
+            counts["(variable)" if name.lstrip("_")[:1].islower() else name][
+                folder
+            ] += 1
     return counts
 
 
@@ -115,6 +121,46 @@ def test_a_syntax_error_is_a_finding_not_a_crash(report: Report) -> None:
             "        raise NotImplementedError",
             ["OMNI001"],
         ),
+        # "directly in the body": a conditional raise is a decision
+        (
+            "@abstractmethod\ndef f(self, x):\n    if x:\n"
+            "        raise NotImplementedError",
+            ["OMNI001"],
+        ),
+        (
+            "@abc.abstractmethod\ndef f(self):\n    'Doc.'\n"
+            "    raise NotImplementedError",
+            [],
+        ),
+        # a function-local alias of a raw type
+        ("def f():\n    LocalVE = ValueError\n    raise LocalVE('x')", ["OMNI001"]),
+        (
+            "def f():\n    Bad = builtins.TypeError\n    raise Bad",
+            ["OMNI001"],
+        ),
+        ("def f():\n    err = make()\n    raise err", []),
+        # attrs converts nothing; pydantic converts ValueError only
+        (
+            "@define\nclass C:\n    x: int = field()\n\n    @x.validator\n"
+            "    def check(self, attribute, value):\n        raise ValueError('x')",
+            ["OMNI001"],
+        ),
+        (
+            "import attr\n@attr.s\nclass C:\n    x = attr.ib()\n\n"
+            "    @x.validator\n    def check(self, a, v):\n"
+            "        if v < 0:\n            raise ValueError('x')",
+            ["OMNI001"],
+        ),
+        (
+            "from pydantic import validator\n@validator('x')\ndef f(cls, v):\n"
+            "    if v < 0:\n        raise ValueError('x')",
+            [],
+        ),
+        (
+            "import pydantic\n@pydantic.validator('x')\ndef f(cls, v):\n"
+            "    raise ValueError('x')",
+            [],
+        ),
         # HTTPException: import forms, and look-alikes
         (
             "from starlette.exceptions import HTTPException\nraise HTTPException(404)",
@@ -166,6 +212,18 @@ def test_rule_table(source: str, rules: list[str]) -> None:
         ("raise ValueError(f'voice {v} not found')", "VLLMNotFoundError"),
         ("raise ValueError('cannot decode image')", "VLLMUnprocessableEntityError"),
         ("raise TypeError('stage 2 timed out')", "OmniStageTimeoutError"),
+        # a constraint on a setting named *timeout is a validation failure
+        (
+            "raise ValueError('heartbeat_timeout must be positive')",
+            "VLLMValidationError",
+        ),
+        ("raise ValueError('timeout must be > 0, got 0')", "VLLMValidationError"),
+        ("raise ValueError(f'invalid delivery_timeout_s: {t}')", "VLLMValidationError"),
+        ("raise ValueError('request deadline exceeded')", "OmniStageTimeoutError"),
+        ("raise ValueError('Unknown ModelOpt quant algo')", "VLLMValidationError"),
+        ("raise ValueError('unknown model: x')", "VLLMNotFoundError"),
+        ("raise ValueError('corrupted audio data')", "VLLMUnprocessableEntityError"),
+        ("raise ValueError('conflicting rotary dims')", "VLLMValidationError"),
         ("raise ValueError('pipeline unavailable')", "OmniServiceUnavailableError"),
         ("raise NotImplementedError", "OmniNotImplementedError"),
         ("raise HTTPException(404)", "VLLMNotFoundError"),
@@ -213,8 +271,50 @@ def test_expression_rules_find_lines_with_any_line_ending(newline: bytes) -> Non
 
 @pytest.mark.parametrize(
     "data",
-    [b"x = 1\n\0\n", b"x = " + b"(" * 300 + b")" * 300 + b"\n", b"\xef\xbb\xbfdef(:\n"],
+    [
+        b"raise x\n\0\n",
+        b"x = " + b"(" * 300 + b")" * 300 + b"\nraise x\n",
+        b"\xef\xbb\xbfdef(:\n    raise\n",
+        # Parses, but deeper than the scanner's recursive name resolution.
+        b"raise " + b"a." * 1200 + b"Error()\n",
+        b"def f():\n    raise " + b"a." * 1200 + b"Error()\n",
+    ],
 )
 def test_unparsable_bytes_never_crash(data: bytes) -> None:
     (finding,) = scan(data).findings
     assert finding.rule == "OMNI000"
+
+
+def test_a_file_without_trigger_tokens_is_not_parsed() -> None:
+    # No raise, handler return, status or HTTPException token: nothing the
+    # rules could find, so only decoding is checked (the cold-run prefilter).
+    assert scan(b"def f(:\n").findings == []
+    (finding,) = scan(b'x = "caf\xe9"\n').findings
+    assert (finding.rule, finding.message[:22]) == ("OMNI000", "undecodable as utf-8: ")
+
+
+def test_inventory_rows_are_classes_and_one_row_for_variables() -> None:
+    source = (
+        "try:\n    f()\nexcept OSError as e:\n    raise e\n"
+        "raise self._batch_error\nraise _Private('x')\nraise mod.Error\n"
+    )
+    assert scan(source.encode()).raises == {
+        "(variable)": 2,
+        "_Private": 1,
+        "Error": 1,
+    }
+
+
+def test_findings_of_a_file_are_in_line_order() -> None:
+    source = (
+        "import fastapi\n"
+        "def f(status):\n"
+        "    try:\n        g()\n"
+        "    except ValueError:\n"
+        "        raise fastapi.HTTPException(400)\n"
+        "    ok = 400 <= status < 500\n"
+        "    raise TypeError('x')\n"
+    )
+    positions = [(f.line, f.column) for f in scan(source.encode()).findings]
+    assert positions == sorted(positions)
+    assert len(positions) == 4

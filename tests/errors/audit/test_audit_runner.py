@@ -70,7 +70,7 @@ def test_discovery_skips_hidden_and_cache_folders(tmp_path: Path) -> None:
     for name in (".venv/a.py", "__pycache__/b.py", "pkg/c.py", "d.py", "e.txt"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("x = 1\n")
-    files = runner.discover([str(tmp_path), str(tmp_path / "d.py")])
+    _, files = runner.discover([str(tmp_path), str(tmp_path / "d.py")])
     assert [(f.path.name, f.folder) for f in files] == [("d.py", "."), ("c.py", "pkg")]
 
 

@@ -10,26 +10,42 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
 from vllm_omni.errors.audit.allowlist import load_allowlist
-from vllm_omni.errors.audit.baseline import compare, load_baseline, write_baseline
+from vllm_omni.errors.audit.baseline import (
+    Baseline,
+    check_writable,
+    compare,
+    load_baseline,
+    write_baseline,
+)
 from vllm_omni.errors.audit.cache import ScanCache, default_cache_dir
-from vllm_omni.errors.audit.formats import FORMATS, TOOL_NAME
+from vllm_omni.errors.audit.formats import (
+    FORMATS,
+    SARIF_MAX_RESULTS,
+    TOOL_NAME,
+    render_sarif_with_summary,
+)
 from vllm_omni.errors.audit.rules import RULES
 from vllm_omni.errors.audit.runner import Report, run_audit
 from vllm_omni.errors.audit.usage import AuditUsageError
 
-EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
 _EPILOG = f"""\
 exit status:
-  {EXIT_CLEAN}  clean: no findings (with --baseline: no count grew)
-  {EXIT_FINDINGS}  findings; with --baseline: a count per rule and folder grew;
-     with --update-baseline: refused because a count grew
-  {EXIT_USAGE}  usage error: bad option, missing path, malformed allowlist or
-     baseline (an allowlist entry without a reason is one)
+  {EXIT_CLEAN}  clean: no findings (with --baseline: no site outside the baseline)
+  {EXIT_FINDINGS}  findings; with --baseline: a site that is not in the baseline
+     (even if another was fixed); with --update-baseline: refused for that
+  {EXIT_USAGE}  usage or configuration error: bad option, missing path or root,
+     malformed allowlist or baseline, baseline not writable
+  {EXIT_INTERNAL}  internal error of the audit itself (a bug: please report it)
+
+Files the audit cannot read, decode or parse are OMNI000 findings (exit 1),
+never a crash.
 
 rules:
 {chr(10).join(f"  {rule.id} {rule.name}: {rule.summary}" for rule in RULES)}
@@ -49,6 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("paths", nargs="+", metavar="PATH", help="files or folders")
+    parser.add_argument(
+        "--root",
+        metavar="DIR",
+        help=(
+            "project root: folder labels, baseline keys and SARIF paths are "
+            "relative to it (default: the deepest folder holding every PATH)"
+        ),
+    )
     parser.add_argument("--format", choices=sorted(FORMATS), default="text")
     parser.add_argument(
         "--allowlist",
@@ -60,12 +84,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--baseline",
         type=Path,
         metavar="FILE",
-        help="JSON counts per rule and folder; fail only when one grows",
+        help="JSON of accepted finding sites; fail on any site not in it",
     )
     parser.add_argument(
         "--update-baseline",
         action="store_true",
-        help="rewrite --baseline with the current counts (never raises a count)",
+        help="rewrite --baseline with the current sites (never adds one)",
+    )
+    parser.add_argument(
+        "--sarif-max-results",
+        type=_positive_int,
+        default=SARIF_MAX_RESULTS,
+        metavar="N",
+        help=f"SARIF: keep at most N results (default {SARIF_MAX_RESULTS:,}, "
+        "GitHub code scanning's limit per run)",
+    )
+    parser.add_argument(
+        "--sarif-include-allowlisted",
+        action="store_true",
+        help="SARIF: also emit allowlisted findings, as suppressed results",
     )
     parser.add_argument(
         "--jobs",
@@ -90,12 +127,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # argparse itself exits 2 on a bad option, as EXIT_USAGE says.
     args = build_parser().parse_args(argv)
     try:
         return _run(args)
     except AuditUsageError as exc:
         _say(f"error: {exc}")
         return EXIT_USAGE
+    except Exception as exc:
+        # A bug in the audit, not in the audited tree or the command line:
+        # its own status, so CI does not read it as "findings".
+        _say(f"internal error: {type(exc).__name__}: {exc}")
+        traceback.print_exc()
+        return EXIT_INTERNAL
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -103,47 +147,102 @@ def _run(args: argparse.Namespace) -> int:
         raise AuditUsageError("--update-baseline needs --baseline FILE")
     allowlist = load_allowlist(args.allowlist) if args.allowlist else []
     creating = args.update_baseline and not args.baseline.exists()
+    if args.update_baseline:
+        check_writable(args.baseline)
     baseline = load_baseline(args.baseline) if args.baseline and not creating else None
     cache = None if args.no_cache else ScanCache(args.cache_dir or default_cache_dir())
-    report = run_audit(args.paths, jobs=args.jobs, cache=cache, allowlist=allowlist)
-    _write(args.output, FORMATS[args.format](report))
+    report = run_audit(
+        args.paths, jobs=args.jobs, cache=cache, allowlist=allowlist, root=args.root
+    )
+    # The ratchet's verdict comes first: its lines name each new site before
+    # thousands of lines of report.
+    status = _verdict(args, report, baseline, creating=creating)
+    _write(args.output, _render(args, report))
     for entry in report.unused_allowlist:
         _say(f"warning: allowlist entry {entry.rule} {entry.path!r} matched nothing")
+    return status
+
+
+def _render(args: argparse.Namespace, report: Report) -> str:
+    if args.format == "sarif":
+        text, omitted = render_sarif_with_summary(
+            report,
+            max_results=args.sarif_max_results,
+            include_allowlisted=args.sarif_include_allowlisted,
+        )
+        if omitted:
+            _say(f"SARIF: {omitted}")
+        return text
+    return FORMATS[args.format](report)
+
+
+def _verdict(
+    args: argparse.Namespace,
+    report: Report,
+    baseline: Baseline | None,
+    *,
+    creating: bool,
+) -> int:
     if args.baseline is None:
         return EXIT_FINDINGS if report.findings else EXIT_CLEAN
-    if creating:
-        write_baseline(args.baseline, report.counts())
-        _say(f"baseline {args.baseline} created with {len(report.findings)} findings")
+    if creating or baseline is None:
+        write_baseline(args.baseline, report.findings)
+        _say(f"baseline {args.baseline} created with {len(report.findings)} sites")
         return EXIT_CLEAN
-    return _ratchet(args.baseline, baseline or {}, report, update=args.update_baseline)
+    return _ratchet(args.baseline, baseline, report, update=args.update_baseline)
 
 
-def _ratchet(
-    path: Path, baseline: dict[str, dict[str, int]], report: Report, *, update: bool
-) -> int:
-    comparison = compare(baseline, report.counts())
+def _ratchet(path: Path, baseline: Baseline, report: Report, *, update: bool) -> int:
+    comparison = compare(baseline, report)
+    for finding in comparison.new:
+        _say(
+            f"{finding.path}:{finding.line}:{finding.column} {finding.rule} "
+            f"{finding.message}",
+            prefix=False,
+        )
     for change in comparison.grown:
         _say(f"grew: {change}")
-    if comparison.grown:
+    if comparison.new:
+        what = (
+            "sites in grown counts (a version 1 baseline cannot tell which is new)"
+            if baseline.legacy
+            else "new sites not in the baseline"
+        )
+        _say(f"{len(comparison.new)} {what} {path}")
         if update:
-            _say(f"refusing to raise counts in {path}; fix the new findings")
+            _say(f"refusing to add sites to {path}; fix the new findings")
         return EXIT_FINDINGS
+    for site in comparison.fixed:
+        _say(
+            f"tightenable: {site.path}:{site.line} {site.rule} in {site.scope} is fixed"
+        )
     for change in comparison.fallen:
         _say(f"fell: {change}")
-    if update and comparison.fallen:
-        write_baseline(path, report.counts())
-        _say(f"baseline {path} updated")
-    elif comparison.fallen:
-        _say(f"run with --update-baseline to lock in the lower counts in {path}")
+    tightenable = comparison.fixed or comparison.fallen
+    if update and (tightenable or baseline.legacy):
+        write_baseline(path, report.findings)
+        converted = " (converted from counts to sites)" if baseline.legacy else ""
+        _say(f"baseline {path} updated{converted}")
+    elif tightenable:
+        _say(f"run with --update-baseline to drop the fixed sites from {path}")
+    elif baseline.legacy:
+        _say(f"{path} holds counts; run with --update-baseline to convert it to sites")
     return EXIT_CLEAN
 
 
 def _write(output: Path | None, text: str) -> None:
-    data = text.encode("utf-8")
+    # backslashreplace: a message may quote a string literal holding a lone
+    # surrogate ("\ud800"), which UTF-8 cannot encode.
+    data = text.encode("utf-8", "backslashreplace")
     if output is None:
-        sys.stdout.flush()
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
+        try:
+            sys.stdout.flush()
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+        except BrokenPipeError:
+            # ``audit ... | head``: the reader has gone; the exit status
+            # still tells the verdict. Nothing more may reach the pipe.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return
     try:
         output.write_bytes(data)
@@ -151,8 +250,13 @@ def _write(output: Path | None, text: str) -> None:
         raise AuditUsageError(f"cannot write {output}: {exc}") from exc
 
 
-def _say(message: str) -> None:
-    sys.stderr.write(f"{TOOL_NAME}: {message}\n")
+def _say(message: str, *, prefix: bool = True) -> None:
+    # Printable whatever the locale: a file name's undecodable bytes are
+    # already escaped, but stderr may be ASCII.
+    line = f"{TOOL_NAME}: {message}\n" if prefix else f"{message}\n"
+    sys.stderr.flush()
+    sys.stderr.buffer.write(line.encode("utf-8", "backslashreplace"))
+    sys.stderr.buffer.flush()
 
 
 def _positive_int(text: str) -> int:

@@ -4,8 +4,11 @@ Owns how a ``Report`` is shown, nothing else: every number comes from the
 report, every rule text from ``rules.RULES``. ``FORMATS`` maps a format name
 to its renderer. Markdown reproduces the RFC's inventory table (raise sites
 by exception name, one column per top-level folder, and the total); SARIF is
-what GitHub code scanning ingests (relative URIs under ``%SRCROOT%``, 1-based
-columns in UTF-16 code units, allowlisted findings as suppressed results).
+what GitHub code scanning ingests (URIs relative to the project root under
+``%SRCROOT%``, 1-based columns in UTF-16 code units, each site's fingerprint
+as a partial fingerprint). GitHub keeps 5,000 results per run, so SARIF keeps
+at most ``max_results`` (errors first) and leaves allowlisted findings out
+unless asked; what was cut is said in the run's properties.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ import json
 from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from urllib.parse import quote
 
 from vllm_omni import __version__
 from vllm_omni.errors.audit.rules import (
@@ -28,6 +30,8 @@ from vllm_omni.errors.audit.runner import Report, ReportedFinding
 
 TOOL_NAME = "vllm-omni errors audit"
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
+SARIF_MAX_RESULTS = 5_000
+_LEVEL_ORDER = {"error": 0, "warning": 1, "note": 2}
 _SRCROOT = "%SRCROOT%"
 _TEXT_INVENTORY_TOP = 8
 
@@ -88,8 +92,8 @@ def render_markdown(report: Report) -> str:
     out = [
         f"# {TOOL_NAME}",
         "",
-        f"{report.files} files audited under {roots}: "
-        f"{len(report.findings)} findings, {len(report.allowlisted)} allowlisted.",
+        f"{report.files:,} files audited under {roots}: "
+        f"{len(report.findings):,} findings, {len(report.allowlisted):,} allowlisted.",
         "",
         "## Raise sites by exception",
         "",
@@ -103,7 +107,7 @@ def render_markdown(report: Report) -> str:
                 f"`{name}`",
                 exception_kind(name),
                 *(_count(by_folder[f]) for f in folders),
-                str(total),
+                f"{total:,}",
             ]
             for name, total, by_folder in rows
         ],
@@ -121,7 +125,7 @@ def render_markdown(report: Report) -> str:
                 rule.id,
                 rule.name,
                 *(_count(counts.get(rule.id, {}).get(f, 0)) for f in folders),
-                str(sum(counts.get(rule.id, {}).values())),
+                f"{sum(counts.get(rule.id, {}).values()):,}",
             ]
             for rule in RULES
         ],
@@ -131,7 +135,7 @@ def render_markdown(report: Report) -> str:
         found = [f for f in report.findings if f.rule == rule.id]
         if not found:
             continue
-        out += ["", f"### {rule.id} {rule.name} ({len(found)})", "", rule.help, ""]
+        out += ["", f"### {rule.id} {rule.name} ({len(found):,})", "", rule.help, ""]
         out += [
             f"- `{f.path}:{f.line}:{f.column}` {f.message}; suggested: `{f.suggestion}`"
             for f in found
@@ -140,15 +144,51 @@ def render_markdown(report: Report) -> str:
 
 
 def render_sarif(report: Report) -> str:
+    """SARIF with the defaults: at most 5,000 results, none allowlisted."""
+    return render_sarif_with_summary(report)[0]
+
+
+def render_sarif_with_summary(
+    report: Report,
+    *,
+    max_results: int = SARIF_MAX_RESULTS,
+    include_allowlisted: bool = False,
+) -> tuple[str, str]:
+    """The SARIF log, and a sentence saying what was left out ("" if none)."""
     index = {rule.id: position for position, rule in enumerate(RULES)}
-    results = [_sarif_result(f, index) for f in report.findings]
-    results += [
-        {
-            **_sarif_result(f, index),
-            "suppressions": [{"kind": "external", "justification": entry.reason}],
-        }
-        for f, entry in report.allowlisted
-    ]
+    candidates = [(f, None) for f in report.findings]
+    if include_allowlisted:
+        candidates += [(f, entry.reason) for f, entry in report.allowlisted]
+    candidates.sort(
+        key=lambda item: (
+            item[1] is not None,
+            _LEVEL_ORDER[RULES_BY_ID[item[0].rule].level],
+            item[0].relative,
+            item[0].line,
+            item[0].column,
+        )
+    )
+    kept = candidates[:max_results]
+    dropped = Counter(finding.rule for finding, _ in candidates[max_results:])
+    allowlisted_left_out = 0 if include_allowlisted else len(report.allowlisted)
+    results = []
+    for finding, reason in kept:
+        result = _sarif_result(finding, index)
+        if reason is not None:
+            result["suppressions"] = [{"kind": "external", "justification": reason}]
+        results.append(result)
+    summary = []
+    if dropped:
+        per_rule = ", ".join(f"{rule} {n:,}" for rule, n in sorted(dropped.items()))
+        summary.append(
+            f"{sum(dropped.values()):,} results over --sarif-max-results "
+            f"{max_results:,} left out ({per_rule})"
+        )
+    if allowlisted_left_out:
+        summary.append(
+            f"{allowlisted_left_out:,} allowlisted findings left out "
+            "(--sarif-include-allowlisted keeps them)"
+        )
     log = {
         "$schema": SARIF_SCHEMA,
         "version": "2.1.0",
@@ -162,15 +202,19 @@ def render_sarif(report: Report) -> str:
                         "rules": [_sarif_rule(rule) for rule in RULES],
                     }
                 },
-                "originalUriBaseIds": {
-                    _SRCROOT: {"uri": Path.cwd().resolve().as_uri() + "/"}
-                },
+                "originalUriBaseIds": {_SRCROOT: {"uri": _directory_uri(report.root)}},
                 "columnKind": "utf16CodeUnits",
                 "results": results,
+                "properties": {
+                    "findings": len(report.findings),
+                    "allowlisted": len(report.allowlisted),
+                    "resultsLeftOut": dict(sorted(dropped.items())),
+                    "allowlistedLeftOut": allowlisted_left_out,
+                },
             }
         ],
     }
-    return json.dumps(log, indent=2) + "\n"
+    return json.dumps(log, indent=2) + "\n", "; ".join(summary)
 
 
 FORMATS: dict[str, Callable[[Report], str]] = {
@@ -219,6 +263,8 @@ def _finding_json(finding: ReportedFinding) -> dict[str, object]:
         "column": finding.column,
         "message": finding.message,
         "suggestion": finding.suggestion,
+        "scope": finding.scope,
+        "fingerprint": finding.fingerprint,
     }
 
 
@@ -238,11 +284,14 @@ def _sarif_rule(rule: Rule) -> dict[str, object]:
     }
 
 
+def _directory_uri(root: str) -> str:
+    uri = Path(root).as_uri()
+    return uri if uri.endswith("/") else uri + "/"
+
+
 def _sarif_result(finding: ReportedFinding, index: dict[str, int]) -> dict[str, object]:
-    if Path(finding.path).is_absolute():
-        location: dict[str, str] = {"uri": Path(finding.path).as_uri()}
-    else:
-        location = {"uri": quote(finding.path), "uriBaseId": _SRCROOT}
+    # Relative to the project root (%SRCROOT%), the name's bytes as they are.
+    location = {"uri": finding.uri, "uriBaseId": _SRCROOT}
     return {
         "ruleId": finding.rule,
         "ruleIndex": index[finding.rule],
@@ -259,5 +308,6 @@ def _sarif_result(finding: ReportedFinding, index: dict[str, int]) -> dict[str, 
                 }
             }
         ],
+        "partialFingerprints": {"omniSite/v1": finding.fingerprint},
         "properties": {"suggestion": finding.suggestion, "folder": finding.folder},
     }

@@ -15,6 +15,7 @@ tables it needs here instead of reading that module.
 from __future__ import annotations
 
 import builtins
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -157,17 +158,57 @@ RAW_RAISE_SUGGESTIONS: dict[str, str] = {
 }
 
 # Words in a raw raise's message that point at a more specific type than the
-# default above; the first matching row wins.
-MESSAGE_HINTS: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("not found", "does not exist", "no such", "unknown model"), "VLLMNotFoundError"),
-    (("timed out", "timeout", "deadline"), "OmniStageTimeoutError"),
-    (("unavailable", "not ready", "not running"), "OmniServiceUnavailableError"),
-    (("conflict", "already running", "already completed"), "OmniConflictError"),
+# default above; the first matching row wins. Words match whole (``timeout``
+# does not match ``heartbeat_timeout``, ``decode`` not ``decoder``). Rows
+# marked True name a runtime state (a deadline passed, a service is down, a
+# job is busy) and do not apply to a message stating a constraint.
+MESSAGE_HINTS: tuple[tuple[tuple[str, ...], str, bool], ...] = (
     (
-        ("decode", "corrupt", "cannot open", "undecodable"),
-        "VLLMUnprocessableEntityError",
+        ("not found", "does not exist", "no such", "unknown model"),
+        "VLLMNotFoundError",
+        False,
     ),
-    (("not implemented",), "OmniNotImplementedError"),
+    (("timed out", "timeout", "deadline"), "OmniStageTimeoutError", True),
+    (
+        ("unavailable", "not ready", "not running"),
+        "OmniServiceUnavailableError",
+        True,
+    ),
+    (("conflict", "already running", "already completed"), "OmniConflictError", True),
+    (
+        ("decode", "corrupt", "corrupted", "cannot open", "undecodable"),
+        "VLLMUnprocessableEntityError",
+        False,
+    ),
+    (("not implemented",), "OmniNotImplementedError", False),
+)
+# A message that states a constraint on a value ("heartbeat_timeout must be
+# positive", "timeout must be > 0") is a validation failure, not a timeout.
+VALIDATION_PHRASES: tuple[str, ...] = (
+    "must be",
+    "must not",
+    "should be",
+    "cannot be",
+    "can't be",
+    "expected",
+    "invalid",
+    "positive",
+    "negative",
+    "greater than",
+    "less than",
+    "at least",
+    "at most",
+)
+_HINT_PATTERNS = tuple(
+    (
+        re.compile(r"\b(?:" + "|".join(map(re.escape, words)) + r")\b"),
+        suggestion,
+        state,
+    )
+    for words, suggestion, state in MESSAGE_HINTS
+)
+_VALIDATION_PATTERN = re.compile(
+    r"\b(?:" + "|".join(map(re.escape, VALIDATION_PHRASES)) + r")\b"
 )
 
 # Upstream (vllm.exceptions, vllm.v1.engine.exceptions) and Omni (DESIGN §2)
@@ -267,15 +308,39 @@ ERROR_BODY_KEYS: frozenset[str] = frozenset({"error", "detail"})
 ERROR_IDENTIFIERS: frozenset[str] = frozenset({"err", "exc"})
 
 # Decorated functions in which raising a raw type is a protocol, not a status
-# decision: an abstract method's body, and pydantic validators (pydantic turns
-# ValueError, and only ValueError, into a ValidationError).
-DECORATOR_EXEMPTIONS: dict[str, frozenset[str]] = {
+# decision. An abstract method's ``raise NotImplementedError`` directly in its
+# body (not inside an ``if``: a conditional raise is a real decision).
+DIRECT_BODY_EXEMPTIONS: dict[str, frozenset[str]] = {
     "abstractmethod": frozenset({"NotImplementedError"}),
+}
+# Pydantic validators, anywhere in their body: pydantic turns ValueError, and
+# only ValueError, into a ValidationError. attrs validators (``@x.validator``)
+# are not exempt: attrs converts nothing.
+DECORATOR_EXEMPTIONS: dict[str, frozenset[str]] = {
     "field_validator": frozenset({"ValueError"}),
     "model_validator": frozenset({"ValueError"}),
     "validator": frozenset({"ValueError"}),
     "root_validator": frozenset({"ValueError"}),
 }
+_PYDANTIC_ONLY_VALIDATORS = frozenset({"field_validator", "model_validator"})
+
+
+def is_converting_validator(qualname: str) -> bool:
+    """Whether a decorator (its resolved dotted name) is a pydantic validator.
+
+    ``field_validator``/``model_validator`` are pydantic's names; the generic
+    ``validator``/``root_validator`` count only bare or imported from
+    pydantic, never as an attribute of something else (attrs' ``@x.validator``).
+    """
+    head, _, name = qualname.rpartition(".")
+    if name not in DECORATOR_EXEMPTIONS:
+        return False
+    return (
+        name in _PYDANTIC_ONLY_VALIDATORS
+        or not head
+        or head.partition(".")[0] == "pydantic"
+    )
+
 
 # Status-range guessing: the bounds of the 4xx and 5xx classes, the class
 # digits of ``status // 100``, and helpers that classify by range.
@@ -290,6 +355,11 @@ STATUS_RANGE_ATTRIBUTES: frozenset[str] = frozenset(
 # A single bound (``status >= 500``) is a guess only when compared with
 # something named like a status; ``width >= 500`` is not.
 STATUS_NAME_MARKERS: tuple[str, ...] = ("status", "code")
+
+# A function-local ``Alias = Name`` is followed when Name is one of these.
+ALIASABLE_NAMES: frozenset[str] = (
+    BUILTIN_EXCEPTIONS | SEMANTIC_TYPES | frozenset(STATUS_CARRIERS)
+)
 
 HTTP_EXCEPTION_MODULES: frozenset[str] = frozenset({"fastapi", "starlette"})
 ERRORS_PACKAGE: tuple[str, str] = ("vllm_omni", "errors")
@@ -322,8 +392,9 @@ def suggest_for_status(status: int | None) -> str:
 def suggest_for_raise(name: str, message: str) -> str:
     """The semantic type for a raw raise of ``name`` with ``message``."""
     lowered = message.lower()
-    for words, suggestion in MESSAGE_HINTS:
-        if any(word in lowered for word in words):
+    constraint = _VALIDATION_PATTERN.search(lowered) is not None
+    for pattern, suggestion, state in _HINT_PATTERNS:
+        if not (state and constraint) and pattern.search(lowered) is not None:
             return suggestion
     return RAW_RAISE_SUGGESTIONS[name]
 

@@ -1,10 +1,17 @@
 """Running an audit: which files, scanned how, aggregated into one report.
 
 Owns file discovery (``*.py`` below each path, hidden folders and
-``__pycache__`` skipped), the top-level folder of each file (the RFC's
-inventory columns), the content-hash cache lookups, the process pool, the
-``vllm_omni/errors`` ownership exemption, and the allowlist. It renders
-nothing: ``formats`` does.
+``__pycache__`` skipped, symlinked folders followed once), the project root
+and the top-level folder of each file relative to it (the RFC's inventory
+columns), the content-hash cache lookups, the process pool, the
+``vllm_omni/errors`` ownership exemption, site fingerprints, and the
+allowlist. It renders nothing: ``formats`` does.
+
+Whatever the walker meets that it cannot audit - an unreadable folder or
+file, a FIFO or socket named ``*.py``, a broken link - becomes an OMNI000
+finding at that path, and the rest is audited: a CI gate must never pass
+because it saw nothing. Files are opened non-blocking and checked to be
+regular before reading, so a FIFO cannot hang the run.
 
 A process pool pays for itself only past a few dozen files to parse. Measured
 on the 2-core reference machine (fork start method, files of the 0.30 wheel):
@@ -19,12 +26,14 @@ from __future__ import annotations
 import gc
 import hashlib
 import os
+import stat
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
 from vllm_omni.errors.audit import rules
 from vllm_omni.errors.audit.allowlist import AllowEntry
@@ -39,18 +48,27 @@ _CHUNKS_PER_JOB = 4
 
 @dataclass(frozen=True, slots=True)
 class SourceFile:
-    """One audited file: where it is, how it is shown, its inventory column."""
+    """One audited path: where it is, how it is shown, its inventory column."""
 
     path: Path
+    # Relative to the current directory (absolute outside it), printable:
+    # undecodable bytes of a file name are shown as ``\xff``.
     shown: str
+    # Relative to the project root, ``/``-separated, printable: the key of
+    # baselines and SARIF locations.
+    relative: str
     folder: str
     # Inside vllm_omni/errors, where the owned_by_errors_package rules stop.
     owned: bool
+    # Why this path cannot be audited (an OMNI000 finding), or None.
+    problem: str | None = None
+    # ``relative`` as a URI reference: the name's raw bytes percent-encoded.
+    uri: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class ReportedFinding:
-    """A finding at a reported path."""
+    """A finding at a reported path, with its site fingerprint."""
 
     rule: str
     path: str
@@ -59,6 +77,10 @@ class ReportedFinding:
     column: int
     message: str
     suggestion: str
+    relative: str = ""
+    scope: str = ""
+    fingerprint: str = ""
+    uri: str = ""
 
 
 @dataclass(slots=True)
@@ -66,6 +88,7 @@ class Report:
     """Everything an output format shows."""
 
     roots: list[str]
+    root: str
     files: int
     folders: list[str]
     # exception name -> folder -> raise sites
@@ -91,40 +114,128 @@ def run_audit(
     jobs: int,
     cache: ScanCache | None,
     allowlist: Sequence[AllowEntry] = (),
+    root: str | None = None,
 ) -> Report:
-    """Audit ``paths`` and aggregate the results."""
-    files = discover(paths)
+    """Audit ``paths`` (labelled relative to ``root``) and aggregate."""
+    project, files = discover(paths, root=root)
     results = scan_files(files, jobs=jobs, cache=cache)
-    return build_report(list(paths), files, results, allowlist)
+    return build_report(
+        [_printable(path) for path in paths], project, files, results, allowlist
+    )
 
 
-def discover(paths: Sequence[str]) -> list[SourceFile]:
-    """The Python files below ``paths``, each once, in a stable order.
+def project_root(paths: Sequence[str], root: str | None = None) -> str:
+    """The declared ``root``, else the deepest folder holding every path.
 
-    Each root is resolved once and its files are joined to it as strings:
-    resolving 1,600 paths one by one costs more than scanning a warm tree.
+    Labels and baseline keys are relative to it, so they do not depend on
+    the order of the arguments, nor on which of them contains another.
     """
-    cwd = os.path.join(os.path.realpath(os.getcwd()), "")
-    files: list[SourceFile] = []
-    seen: set[str] = set()
+    if root is not None:
+        if not os.path.isdir(root):
+            raise AuditUsageError(f"--root {root} is not a directory")
+        return os.path.abspath(root)
+    folders = [
+        path if os.path.isdir(path) else os.path.dirname(path)
+        for path in (os.path.abspath(given) for given in paths)
+    ]
+    return os.path.commonpath(folders)
+
+
+def discover(
+    paths: Sequence[str], *, root: str | None = None
+) -> tuple[str, list[SourceFile]]:
+    """The project root, and the Python files below ``paths``, each once,
+    sorted by their path relative to the root (problems included)."""
     for given in paths:
-        root = os.path.realpath(given)
-        if os.path.isfile(root):
-            found = [(root, ROOT_FOLDER)]
-        elif os.path.isdir(root):
-            found = _python_files(root)
-        else:
+        if not os.path.lexists(given):
             raise AuditUsageError(f"no such file or directory: {given}")
-        for path, folder in found:
-            if path not in seen:
-                seen.add(path)
-                shown = path[len(cwd) :] if path.startswith(cwd) else path
-                files.append(
-                    SourceFile(
-                        Path(path), shown.replace(os.sep, "/"), folder, _owned(path)
-                    )
-                )
-    return files
+    project = project_root(paths, root)
+    walker = _Walker(project)
+    for given in sorted({os.path.abspath(p) for p in paths}):
+        if os.path.relpath(given, project).startswith(os.pardir):
+            raise AuditUsageError(f"{given} is outside the project root {project}")
+        walker.visit(given)
+    return project, sorted(walker.files, key=lambda source: source.relative)
+
+
+class _Walker:
+    """A cycle-safe walk that follows symlinked folders once."""
+
+    def __init__(self, project: str) -> None:
+        # Every path is built by joining names below an absolute argument
+        # inside the project, so prefixes give relative paths: resolving
+        # thousands of paths one by one costs more than a warm run.
+        self._project = os.path.join(project, "")
+        self._cwd = os.path.join(os.getcwd(), "")
+        self._seen: set[tuple[int, int]] = set()
+        self.files: list[SourceFile] = []
+
+    def visit(self, path: str) -> None:
+        try:
+            info = os.stat(path)
+        except OSError as exc:
+            self._add(path, _reason(exc, path))
+            return
+        if stat.S_ISDIR(info.st_mode):
+            self._walk(path)
+        else:
+            self._file(path, info)
+
+    def _walk(self, top: str) -> None:
+        stack = [top]
+        while stack:
+            directory = stack.pop()
+            try:
+                info = os.stat(directory)
+            except OSError as exc:
+                self._add(directory, _reason(exc, directory))
+                continue
+            key = (info.st_dev, info.st_ino)
+            if key in self._seen:
+                continue  # a symlink cycle, or a folder reached twice
+            self._seen.add(key)
+            try:
+                with os.scandir(directory) as entries:
+                    children = sorted(entries, key=lambda e: e.name, reverse=True)
+            except OSError as exc:
+                self._add(directory, f"cannot read directory: {exc.strerror}")
+                continue
+            for entry in children:
+                name = entry.name
+                try:
+                    is_dir = entry.is_dir()
+                except OSError:
+                    is_dir = False
+                if is_dir:
+                    if not name.startswith(".") and name != "__pycache__":
+                        stack.append(entry.path)
+                elif name.endswith(".py"):
+                    self.visit(entry.path)
+
+    def _file(self, path: str, info: os.stat_result) -> None:
+        key = (info.st_dev, info.st_ino)
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        problem = None if stat.S_ISREG(info.st_mode) else "not a regular file"
+        self._add(path, problem)
+
+    def _add(self, path: str, problem: str | None) -> None:
+        shown = path[len(self._cwd) :] if path.startswith(self._cwd) else path
+        relative = path[len(self._project) :] if path != self._project[:-1] else "."
+        parts = relative.split(os.sep)
+        folder = parts[0] if len(parts) > 1 else ROOT_FOLDER
+        self.files.append(
+            SourceFile(
+                Path(path),
+                _printable(shown),
+                _printable(relative),
+                _printable(folder),
+                _owned(path),
+                problem,
+                quote(os.fsencode(relative).replace(os.sep.encode(), b"/")),
+            )
+        )
 
 
 def scan_files(
@@ -134,10 +245,13 @@ def scan_files(
     results: list[FileResult | None] = []
     pending: list[tuple[int, Path, int]] = []
     for index, source in enumerate(files):
+        if source.problem is not None:
+            results.append(_unreadable(source.problem))
+            continue
         try:
-            data = source.path.read_bytes()
-        except OSError as exc:
-            results.append(_unreadable(exc))
+            data = read_regular(source.path)
+        except _Unreadable as exc:
+            results.append(_unreadable(exc.reason))
             continue
         cached = cache.get(_digest(data)) if cache is not None else None
         results.append(cached)
@@ -155,6 +269,7 @@ def scan_files(
 
 def build_report(
     roots: list[str],
+    project: str,
     files: Sequence[SourceFile],
     results: Sequence[FileResult],
     allowlist: Sequence[AllowEntry],
@@ -162,7 +277,8 @@ def build_report(
     inventory: dict[str, Counter[str]] = defaultdict(Counter)
     report = Report(
         roots=roots,
-        files=len(files),
+        root=_printable(project),
+        files=sum(1 for source in files if source.problem is None),
         folders=sorted({source.folder for source in files}),
         inventory=inventory,
         findings=[],
@@ -171,10 +287,13 @@ def build_report(
     for source, result in zip(files, results, strict=True):
         for name, count in result.raises.items():
             inventory[name][source.folder] += count
+        occurrences: Counter[tuple[str, str, str]] = Counter()
         for finding in result.findings:
             if source.owned and rules.RULES_BY_ID[finding.rule].owned_by_errors_package:
                 continue
-            reported = _reported(source, finding)
+            key = (finding.rule, finding.scope, finding.code)
+            occurrences[key] += 1
+            reported = _reported(source, finding, occurrences[key])
             entry = next(
                 (e for e in allowlist if e.matches(finding.rule, source.shown)), None
             )
@@ -212,9 +331,9 @@ def _scan_chunk(paths: Sequence[Path]) -> list[tuple[str, FileResult]]:
     with _gc_paused():
         for path in paths:
             try:
-                data = path.read_bytes()
-            except OSError as exc:
-                scanned.append(("", _unreadable(exc)))
+                data = read_regular(path)
+            except _Unreadable as exc:
+                scanned.append(("", _unreadable(exc.reason)))
                 continue
             scanned.append((_digest(data), scan(data)))
     return scanned
@@ -249,21 +368,38 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _python_files(root: str) -> list[tuple[str, str]]:
-    """(path, top-level folder) of the ``*.py`` files below ``root``."""
-    found: list[tuple[str, str]] = []
-    for directory, subdirs, names in os.walk(root):
-        subdirs[:] = sorted(
-            d for d in subdirs if not d.startswith(".") and d != "__pycache__"
-        )
-        relative = os.path.relpath(directory, root)
-        folder = ROOT_FOLDER if relative == os.curdir else relative.split(os.sep)[0]
-        found.extend(
-            (os.path.join(directory, name), folder)
-            for name in sorted(names)
-            if name.endswith(".py")
-        )
-    return found
+class _Unreadable(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def read_regular(path: Path) -> bytes:
+    """A regular file's bytes; never blocks on a FIFO or a device."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise _Unreadable(_reason(exc, str(path))) from exc
+    with os.fdopen(descriptor, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise _Unreadable("not a regular file")
+        try:
+            return handle.read()
+        except OSError as exc:
+            raise _Unreadable(f"cannot read: {exc.strerror}") from exc
+
+
+def _reason(exc: OSError, path: str) -> str:
+    if isinstance(exc, FileNotFoundError) and os.path.islink(path):
+        return "broken symbolic link"
+    if exc.errno is not None and exc.strerror:
+        return f"cannot read: {exc.strerror}"
+    return f"cannot read: {type(exc).__name__}"
+
+
+def _printable(path: str) -> str:
+    """``path`` as UTF-8-safe text: undecodable name bytes become ``\\xNN``."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace").replace(os.sep, "/")
 
 
 def _owned(path: str) -> bool:
@@ -275,7 +411,7 @@ def _owned(path: str) -> bool:
     )
 
 
-def _reported(source: SourceFile, finding: Finding) -> ReportedFinding:
+def _reported(source: SourceFile, finding: Finding, occurrence: int) -> ReportedFinding:
     return ReportedFinding(
         rule=finding.rule,
         path=source.shown,
@@ -284,14 +420,27 @@ def _reported(source: SourceFile, finding: Finding) -> ReportedFinding:
         column=finding.column,
         message=finding.message,
         suggestion=finding.suggestion,
+        relative=source.relative,
+        uri=source.uri,
+        scope=finding.scope,
+        fingerprint=fingerprint(
+            finding.rule, source.relative, finding.scope, finding.code, occurrence
+        ),
     )
 
 
-def _unreadable(exc: OSError) -> FileResult:
+def fingerprint(rule: str, path: str, scope: str, code: str, occurrence: int) -> str:
+    """A site's identity: rule, file (relative to the project root), enclosing
+    qualified name, and the statement without whitespace; the n-th of
+    identical statements in one scope is told apart by ``occurrence``. Line
+    numbers are not part of it, so moving code does not make a site new."""
+    key = "\0".join((rule, path, scope, code, str(occurrence)))
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:20]
+
+
+def _unreadable(reason: str) -> FileResult:
     rule = rules.RULES_BY_ID[rules.PARSE_ERROR]
-    return FileResult(
-        findings=[Finding(rule.id, 1, 1, f"cannot read: {exc.strerror}", rule.help)]
-    )
+    return FileResult(findings=[Finding(rule.id, 1, 1, reason, rule.help)])
 
 
 def _digest(data: bytes) -> str:

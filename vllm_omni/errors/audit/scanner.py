@@ -15,12 +15,24 @@ calls) walk only the statements whose lines contain a token they need
 necessary condition, so skipping the other statements changes no result.
 Status bounds are recognised in their decimal spelling (``400``, not
 ``0x190``).
+
+Files without any token a finding or a raise site needs (``_TRIGGER_TOKENS``)
+are not parsed at all: only their decoding is checked. Every rule matches a
+name or literal that must appear in the file's bytes (names resolve through
+imports and assignments of the same file, which spell the resolved name), so
+skipping such a file changes no inventory count and no finding; a syntax
+error in it goes unreported, which hides no raise site.
+
+Each finding carries its enclosing qualified name (``Class.method``,
+``<module>``) and its statement's source without whitespace: the
+runner fingerprints sites with them, so a baseline survives line moves.
 """
 
 from __future__ import annotations
 
 import ast
 import io
+import re
 import tokenize
 from bisect import bisect_left
 from collections import Counter
@@ -40,6 +52,31 @@ _STATUS_TOKENS = (
     b"is_server_error",
 )
 _HTTP_EXCEPTION_TOKEN = b"HTTPException"
+# A file containing none of these has no raise site and no finding: raises
+# need ``raise``; OMNI002/OMNI003 returns need a client-error type, a status
+# carrier (``...Response``, ``create_error_response``, ``ErrorInfo``,
+# ``HTTPException``, ``OmniClientError``) or an error-model builder;
+# OMNI004/OMNI005 need ``_STATUS_TOKENS`` or ``HTTPException``.
+_TRIGGER_TOKENS = re.compile(
+    b"|".join(
+        re.escape(token)
+        for token in sorted(
+            {
+                b"raise",
+                b"Response",
+                *_STATUS_TOKENS,
+                *(n.encode() for n in rules.STATUS_CARRIERS),
+                *(n.encode() for n in rules.ERROR_MODEL_BUILDERS),
+                *(n.encode() for n in rules.CLIENT_ERROR_TYPES),
+            }
+        )
+    )
+)
+MODULE_SCOPE = "<module>"
+# Inventory row of ``raise e``, ``raise self._error``: a variable, not a
+# class (by naming convention, classes start with a capital letter).
+VARIABLE_ROW = "(variable)"
+_CODE_LIMIT = 400
 # Names whose import aliases make a line relevant to the expression rules.
 _ALIASED_NAMES = frozenset({"HTTPException"}) | rules.STATUS_RANGE_CALLS
 _STMT_LISTS = frozenset({"body", "orelse", "finalbody", "handlers", "cases"})
@@ -65,13 +102,16 @@ _NESTED_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambd
 
 @dataclass(frozen=True, slots=True)
 class Finding:
-    """A candidate finding at a 1-based line and column (UTF-16 code units)."""
+    """A candidate finding at a 1-based line and column (UTF-16 code units),
+    in ``scope`` (qualified name), on the statement ``code``."""
 
     rule: str
     line: int
     column: int
     message: str
     suggestion: str
+    scope: str = MODULE_SCOPE
+    code: str = ""
 
 
 @dataclass(slots=True)
@@ -85,7 +125,7 @@ class FileResult:
         return [
             self.raises,
             [
-                [f.rule, f.line, f.column, f.message, f.suggestion]
+                [f.rule, f.line, f.column, f.message, f.suggestion, f.scope, f.code]
                 for f in self.findings
             ],
         ]
@@ -97,35 +137,58 @@ class FileResult:
 
 
 class _Scope(NamedTuple):
-    """Raw types that may be raised here without a finding."""
+    """Raw types that may be raised here without a finding, and where."""
 
     type_checking: bool
     exempt: frozenset[str]
+    # Exempt only directly in the function body (an abstract method's
+    # ``raise NotImplementedError``), not in a nested block.
+    direct: frozenset[str]
+    qualname: str
 
     def allows(self, name: str) -> bool:
-        return self.type_checking or name in self.exempt
+        return self.type_checking or name in self.exempt or name in self.direct
+
+    def nested(self) -> _Scope:
+        return self._replace(direct=frozenset()) if self.direct else self
 
 
-_RUNTIME = _Scope(type_checking=False, exempt=frozenset())
+_RUNTIME = _Scope(
+    type_checking=False, exempt=frozenset(), direct=frozenset(), qualname=MODULE_SCOPE
+)
 
 
 def scan(data: bytes) -> FileResult:
     """Audit one file's bytes."""
+    if _TRIGGER_TOKENS.search(data) is None:
+        undecodable = _decode_error(data)
+        return FileResult(findings=[] if undecodable is None else [undecodable])
     try:
         tree = ast.parse(data)
-    except (SyntaxError, ValueError, RecursionError) as exc:
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         return FileResult(findings=[_parse_error(data, exc)])
-    return _Scanner(data, tree).result
+    try:
+        result = _Scanner(data, tree).result
+    except RecursionError as exc:
+        # Parsed, but nested too deeply for the recursive helpers (a
+        # 1,000-level attribute chain): this file is not audited, the rest is.
+        return FileResult(findings=[_parse_error(data, exc)])
+    result.findings.sort(key=lambda f: (f.line, f.column, f.rule))
+    return result
 
 
 def raise_site_name(node: ast.Raise) -> str | None:
-    """``T`` for ``raise T``, ``raise T(...)``, ``raise a.b.T(...)``; else None."""
+    """The inventory row of a raise: ``T`` for ``raise T``, ``raise T(...)``,
+    ``raise a.b.T(...)``; ``VARIABLE_ROW`` for ``raise e`` or
+    ``raise self._error``; None for anything else."""
     exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
     if isinstance(exc, ast.Name):
-        return exc.id
-    if isinstance(exc, ast.Attribute):
-        return exc.attr
-    return None
+        name = exc.id
+    elif isinstance(exc, ast.Attribute):
+        name = exc.attr
+    else:
+        return None
+    return VARIABLE_ROW if name.lstrip("_")[:1].islower() else name
 
 
 class _Scanner:
@@ -134,12 +197,14 @@ class _Scanner:
     def __init__(self, data: bytes, tree: ast.Module) -> None:
         self._data = data
         self._lines: list[str] | None = None
+        # The qualified name of the statement the expression rules walk.
+        self._scope = MODULE_SCOPE
         self._bindings: dict[str, str] = {}
         self._tuple_bindings: dict[str, tuple[str, ...]] = {}
         self._raises: list[tuple[ast.Raise, _Scope]] = []
-        self._handlers: list[ast.ExceptHandler] = []
-        self._returns: list[ast.Return] = []
-        self._statements: list[ast.stmt] = []
+        self._handlers: list[tuple[ast.ExceptHandler, str]] = []
+        self._returns: list[tuple[ast.Return, str]] = []
+        self._statements: list[tuple[ast.stmt, str]] = []
         self.result = FileResult()
         self._collect_module(tree)
         self._check_raises()
@@ -171,49 +236,72 @@ class _Scanner:
         self._collect(tree.body, _RUNTIME)
 
     def _collect(self, body: list[ast.stmt], scope: _Scope) -> None:
-        self._statements.extend(body)
+        qualname = scope.qualname
+        self._statements.extend((stmt, qualname) for stmt in body)
+        inner = scope.nested()
         for stmt in body:
             match stmt:
                 case ast.Raise():
                     self._raises.append((stmt, scope))
                 case ast.Return():
-                    self._returns.append(stmt)
+                    self._returns.append((stmt, qualname))
                 case ast.FunctionDef() | ast.AsyncFunctionDef():
                     self._collect(stmt.body, self._function_scope(stmt, scope))
                 case ast.ClassDef():
                     self._bindings[stmt.name] = f"<local>.{stmt.name}"
-                    self._collect(stmt.body, scope._replace(exempt=frozenset()))
+                    self._collect(
+                        stmt.body,
+                        scope._replace(
+                            exempt=frozenset(),
+                            direct=frozenset(),
+                            qualname=_child(qualname, stmt.name),
+                        ),
+                    )
                 case ast.If():
                     checking = scope.type_checking or _is_type_checking(stmt.test)
-                    self._collect(stmt.body, scope._replace(type_checking=checking))
-                    self._collect(stmt.orelse, scope)
+                    self._collect(stmt.body, inner._replace(type_checking=checking))
+                    self._collect(stmt.orelse, inner)
                 case ast.Try() | ast.TryStar():
-                    self._collect(stmt.body, scope)
+                    self._collect(stmt.body, inner)
                     for handler in stmt.handlers:
-                        self._handlers.append(handler)
-                        self._collect(handler.body, scope)
-                    self._collect(stmt.orelse, scope)
-                    self._collect(stmt.finalbody, scope)
+                        self._handlers.append((handler, qualname))
+                        self._collect(handler.body, inner)
+                    self._collect(stmt.orelse, inner)
+                    self._collect(stmt.finalbody, inner)
                 case ast.Import() | ast.ImportFrom():
                     self._bind_import(stmt)
+                case ast.Assign() if qualname != MODULE_SCOPE:
+                    # ``LocalVE = ValueError`` in a function: an alias of an
+                    # exception or status carrier (module-level ones are
+                    # bound before collection).
+                    self._bind_alias(stmt, exceptions_only=True)
                 case ast.Match():
                     for case in stmt.cases:
-                        self._collect(case.body, scope)
+                        self._collect(case.body, inner)
                 case ast.For() | ast.AsyncFor() | ast.While():
-                    self._collect(stmt.body, scope)
-                    self._collect(stmt.orelse, scope)
+                    self._collect(stmt.body, inner)
+                    self._collect(stmt.orelse, inner)
                 case ast.With() | ast.AsyncWith():
-                    self._collect(stmt.body, scope)
+                    self._collect(stmt.body, inner)
 
     def _function_scope(
         self, node: ast.FunctionDef | ast.AsyncFunctionDef, outer: _Scope
     ) -> _Scope:
         exempt: frozenset[str] = frozenset()
+        direct: frozenset[str] = frozenset()
         for decorator in node.decorator_list:
             target = decorator.func if isinstance(decorator, ast.Call) else decorator
-            name = _last(self._qualname(target))
-            exempt |= rules.DECORATOR_EXEMPTIONS.get(name, frozenset())
-        return _Scope(type_checking=outer.type_checking, exempt=exempt)
+            qualname = self._qualname(target)
+            name = _last(qualname)
+            direct |= rules.DIRECT_BODY_EXEMPTIONS.get(name, frozenset())
+            if rules.is_converting_validator(qualname or ""):
+                exempt |= rules.DECORATOR_EXEMPTIONS.get(name, frozenset())
+        return _Scope(
+            type_checking=outer.type_checking,
+            exempt=exempt,
+            direct=direct,
+            qualname=_child(outer.qualname, node.name),
+        )
 
     def _bind_import(self, node: ast.Import | ast.ImportFrom) -> None:
         if isinstance(node, ast.Import):
@@ -228,10 +316,15 @@ class _Scanner:
         for alias in node.names:
             self._bindings[alias.asname or alias.name] = f"{module}.{alias.name}"
 
-    def _bind_alias(self, node: ast.Assign) -> None:
+    def _bind_alias(self, node: ast.Assign, *, exceptions_only: bool = False) -> None:
         if len(node.targets) != 1 or not isinstance(node.targets[0], ast.Name):
             return
         name = node.targets[0].id
+        if exceptions_only:
+            target = self._qualname(node.value)
+            if _last(target) in rules.ALIASABLE_NAMES:
+                self._bindings[name] = target or ""
+            return
         if isinstance(node.value, ast.Tuple):
             names = tuple(_last(self._qualname(item)) for item in node.value.elts)
             if all(names):
@@ -248,26 +341,26 @@ class _Scanner:
             if _last(target) in _ALIASED_NAMES
         ]
 
-    def _expressions_on(self, hot_lines: list[int]) -> Iterator[ast.AST]:
+    def _expressions_on(self, hot_lines: list[int]) -> Iterator[tuple[ast.AST, str]]:
         """Roots to walk for the expression rules: every simple statement, and
         the header of every compound statement, that spans a hot line."""
-        for stmt in self._statements:
+        for stmt, scope in self._statements:
             first = min([stmt.lineno, *(d.lineno for d in _decorators(stmt))])
             end = stmt.end_lineno or stmt.lineno
             index = bisect_left(hot_lines, first)
             if index == len(hot_lines) or hot_lines[index] > end:
                 continue
             if not isinstance(stmt, _COMPOUND):
-                yield stmt
+                yield stmt, scope
                 continue
             for name, value in ast.iter_fields(stmt):
                 if name not in _STMT_LISTS:
                     values = value if isinstance(value, list) else [value]
-                    yield from (v for v in values if isinstance(v, ast.AST))
+                    yield from ((v, scope) for v in values if isinstance(v, ast.AST))
             for case in getattr(stmt, "cases", ()):
-                yield case.pattern
+                yield case.pattern, scope
                 if case.guard is not None:
-                    yield case.guard
+                    yield case.guard, scope
 
     # -- name resolution ----------------------------------------------------
 
@@ -320,11 +413,12 @@ class _Scanner:
                     f"raw {name} raised{excerpt}: its status depends on the "
                     "fallback mode (legacy 4xx/501, strict 500)",
                     rules.suggest_for_raise(name, message),
+                    scope.qualname,
                 )
         self.result.raises = dict(counts)
 
     def _check_handlers(self) -> None:
-        for handler in self._handlers:
+        for handler, scope in self._handlers:
             broad = [
                 n for n in self._caught(handler.type) if n in rules.BROAD_CATCH_TYPES
             ]
@@ -344,11 +438,13 @@ class _Scanner:
                         f"{clause} becomes {client}: internal failures "
                         "in the try block are reported as client errors",
                         "catch VLLMClientError; raise VLLMValidationError at the check",
+                        scope,
+                        code_node=handler.type,
                     )
                     break
 
     def _check_returns(self) -> None:
-        for node in self._returns:
+        for node, scope in self._returns:
             value = (
                 node.value.value if isinstance(node.value, ast.Await) else node.value
             )
@@ -362,6 +458,7 @@ class _Scanner:
                     f"returns {name}(...): the HTTP status is left to the caller "
                     "(200 unless converted)",
                     rules.suggest_for_status(self._first_status(value)),
+                    scope,
                 )
             elif (
                 name in rules.RESPONSE_CLASSES
@@ -373,13 +470,15 @@ class _Scanner:
                     node,
                     f"returns an error {name} without status_code (sent as 200)",
                     rules.GENERIC_SUGGESTION,
+                    scope,
                 )
 
     def _check_expressions(
-        self, roots: Iterator[ast.AST], *, status_tokens: bool
+        self, roots: Iterator[tuple[ast.AST, str]], *, status_tokens: bool
     ) -> None:
         consumed: set[int] = set()
-        for root in roots:
+        for root, scope in roots:
+            self._scope = scope
             for node in ast.walk(root):
                 self._check_expression(node, consumed, status_tokens=status_tokens)
 
@@ -413,6 +512,7 @@ class _Scanner:
             node,
             f"{shown} outside vllm_omni/errors bypasses the one error renderer",
             rules.suggest_for_status(status),
+            self._scope,
         )
 
     def _bounded_pair(self, node: ast.BoolOp) -> list[int]:
@@ -472,6 +572,7 @@ class _Scanner:
             node,
             f"status range decides ownership: {shown}",
             "OmniErrorDetails.category",
+            self._scope,
         )
 
     def _client_error(self, node: ast.expr) -> str | None:
@@ -508,22 +609,56 @@ class _Scanner:
         node: ast.stmt | ast.expr | ast.excepthandler,
         message: str,
         suggestion: str,
+        scope: str,
+        *,
+        code_node: ast.expr | None = None,
     ) -> None:
         column = self._column(node.lineno, node.col_offset)
+        if isinstance(node, ast.ExceptHandler):
+            # The clause, not its body: editing the handler's body must not
+            # make the site new.
+            caught = "" if code_node is None else " " + self._source(code_node)
+            code = f"except{caught}:"
+        else:
+            code = self._source(node)
         self.result.findings.append(
-            Finding(rule, node.lineno, column, message, suggestion)
+            Finding(rule, node.lineno, column, message, suggestion, scope, code)
         )
+
+    def _source(self, node: ast.AST) -> str:
+        """``node``'s source without whitespace (a fingerprint input)."""
+        lines = self._text_lines()
+        first, last = node.lineno, node.end_lineno or node.lineno
+        start, end = node.col_offset, node.end_col_offset
+        if end is None or last > len(lines):
+            return ""
+        picked = [line.encode() for line in lines[first - 1 : last]]
+        picked[-1] = picked[-1][:end]
+        picked[0] = picked[0][start:]
+        text = b"\n".join(picked).decode(errors="replace")
+        # Without any whitespace: reformatting (``raise  X( 'a' )``) must not
+        # make a site new, and two statements that differ only in spaces
+        # are the same code.
+        return "".join(text.split())[:_CODE_LIMIT]
+
+    def _text_lines(self) -> list[str]:
+        if self._lines is None:
+            self._lines = _split_lines(_decode(self._data))
+        return self._lines
 
     def _column(self, line: int, byte_offset: int) -> int:
         """1-based column in UTF-16 code units (SARIF's default columnKind)."""
-        if self._lines is None:
-            self._lines = _split_lines(_decode(self._data))
-        text = self._lines[line - 1] if line <= len(self._lines) else ""
+        lines = self._text_lines()
+        text = lines[line - 1] if line <= len(lines) else ""
         prefix = text.encode()[:byte_offset].decode(errors="replace")
         return len(prefix.encode("utf-16-le")) // 2 + 1
 
 
 # -- helpers without state ----------------------------------------------------
+
+
+def _child(scope: str, name: str) -> str:
+    return name if scope == MODULE_SCOPE else f"{scope}.{name}"
 
 
 def _last(qualname: str | None) -> str:
