@@ -24,6 +24,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 import time
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -40,6 +41,14 @@ class _Stop(Exception):
 
 def _on_sigterm(*_: object) -> None:
     raise _Stop
+
+
+def _exit_on_eof(commands: Connection, importing: threading.Event) -> None:
+    """While the main thread imports, exit as soon as the parent is gone (the
+    parent sends nothing before ``ready``, so readable means end of input)."""
+    while importing.is_set():
+        if commands.poll(0.05):
+            os._exit(0)
 
 
 def _reap(children: set[int], events: Connection) -> None:
@@ -101,8 +110,18 @@ def main() -> int:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGTERM, _on_sigterm)
 
-    # The one expensive import, done once for every stage forked below.
-    from vllm_omni.engine.stage_worker import run_stage_process
+    # The one expensive import, done once for every stage forked below. A
+    # parent that exits meanwhile (a server failing its startup) must not
+    # leave us importing for seconds: a watcher ends the process on EOF.
+    importing = threading.Event()
+    importing.set()
+    watcher = threading.Thread(target=_exit_on_eof, args=(commands, importing))
+    watcher.start()
+    try:
+        from vllm_omni.engine.stage_worker import run_stage_process
+    finally:
+        importing.clear()
+        watcher.join()  # no thread may be running when we fork
 
     events.send(("ready", os.getpid()))
     children: set[int] = set()

@@ -147,8 +147,10 @@ async def run_server(args: argparse.Namespace) -> int:
             args.port,
             args.error_mode,
         )
+        # The socket ``vllm-omni serve`` bound before startup, if any.
+        listening = getattr(args, "listen_socket", None)
         try:
-            await server.serve()
+            await server.serve(sockets=None if listening is None else [listening])
         finally:
             watchdog.cancel()
             for sig in _EXIT_SIGNALS:
