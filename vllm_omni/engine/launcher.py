@@ -1,11 +1,14 @@
 """The stage launcher process: ``python -m vllm_omni.engine.launcher``.
 
-Owns the making of local stage processes. It is a fresh interpreter started
-by ``processes.Launcher`` (never a fork or a multiprocessing child of the
-caller), so the caller's ``__main__`` (a plain script, ``python -``, a
+Owns the making of local stage processes. For a library caller it is a
+fresh interpreter started by ``processes`` (never a multiprocessing child of
+the caller), so the caller's ``__main__`` (a plain script, ``python -``, a
 notebook) is never imported or re-run. It imports the stage worker (and
 with it vLLM) once, then forks one child per stage on request: being
 single-threaded and holding nothing but two pipes, it is safe to fork.
+``vllm-omni serve``, which controls its own main module and has imported
+vLLM already, forks it instead (``serve_forked``) while still
+single-threaded, so the server pays for one vLLM import, not two.
 
 Protocol (``multiprocessing.connection`` framing on two pipes, pickled
 tuples): the parent sends ``("spawn", token, WorkerSpec)``; the launcher
@@ -21,18 +24,28 @@ orchestrator speak over ZMQ, not through here.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import signal
 import sys
 import threading
 import time
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import Any, NoReturn
 
-__all__ = ["main"]
+__all__ = ["main", "serve", "serve_forked"]
 
 # Stages get this long to stop on SIGTERM when the launcher's user is gone.
 _STOP_GRACE_S = 1.0
+# The reference stages' modules (numpy, Pillow): imported once here rather
+# than once per stage. The vLLM backend loads its engine itself.
+_PRELOAD = (
+    "vllm_omni.stages.guardrail",
+    "vllm_omni.stages.text",
+    "vllm_omni.stages.speech",
+    "vllm_omni.stages.image",
+    "vllm_omni.stages.video",
+)
 
 
 class _Stop(Exception):
@@ -94,13 +107,40 @@ def _stop(children: set[int], events: Connection) -> None:
 
 
 def main() -> int:
-    # The protocol owns stdin/stdout; anything a stage prints goes to stderr.
+    """``python -m vllm_omni.engine.launcher``: the protocol on stdin/stdout."""
     commands = Connection(os.dup(0), writable=False)
     events = Connection(os.dup(1), readable=False)
+    # Anything a stage prints goes to stderr, never into the protocol.
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
     os.dup2(2, 1)
+    return serve(commands, events)
+
+
+def serve_forked(commands_fd: int, events_fd: int) -> NoReturn:
+    """The launcher as a fork of a process that already imported the stage
+    worker (``vllm-omni serve``): no second vLLM import. Keeps only stdio and
+    the two pipes, so no stage holds the server's socket or job store lock."""
+    os.setsid()
+    keep = {0, 1, 2, commands_fd, events_fd}
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc/self/fd"):
+            if int(name) not in keep:
+                with contextlib.suppress(OSError):
+                    os.close(int(name))
+    code = 1
+    try:
+        code = serve(
+            Connection(commands_fd, writable=False),
+            Connection(events_fd, readable=False),
+        )
+    finally:
+        os._exit(code)
+
+
+def serve(commands: Connection, events: Connection) -> int:
+    """Fork stages on request until the parent closes ``commands``."""
     # Ctrl-C reaches the whole process group; the parent decides when to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     wake_r, wake_w = os.pipe()
@@ -119,6 +159,9 @@ def main() -> int:
     watcher.start()
     try:
         from vllm_omni.engine.stage_worker import run_stage_process
+
+        for module in _PRELOAD:
+            importlib.import_module(module)
     finally:
         importing.clear()
         watcher.join()  # no thread may be running when we fork

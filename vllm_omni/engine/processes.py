@@ -4,10 +4,13 @@ Importing vLLM (and with it torch) costs several seconds per process, and
 every stage process needs vLLM's exception classes to normalize errors. So
 stage processes are forks of one launcher, ``python -m
 vllm_omni.engine.launcher`` (see ``launcher.py``), which imports vLLM once.
-The launcher is a fresh interpreter started with ``subprocess``, not a
-multiprocessing child: the caller's main module (a plain top-level script,
-``python - < script.py``) is never re-run, exactly as with ``vllm.LLM``. The
-parent never forks itself (it may have threads and an event loop).
+For a library caller the launcher is a fresh interpreter started with
+``subprocess``, not a multiprocessing child: the caller's main module (a
+plain top-level script, ``python - < script.py``) is never re-run, exactly as
+with ``vllm.LLM``, and the caller (which may have threads and an event loop)
+is never forked. ``vllm-omni serve`` instead forks the launcher from itself,
+once vLLM is imported and before any thread starts, so the server pays for a
+single vLLM import.
 
 One launcher serves every engine of a process. Engines lease it
 (``acquire``); when the last lease is released it is closed, so no helper
@@ -31,6 +34,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -45,6 +49,7 @@ __all__ = [
 ]
 
 LAUNCHER_MODULE = "vllm_omni.engine.launcher"
+_WORKER_MODULE = "vllm_omni.engine.stage_worker"
 _READY_TIMEOUT_S = 300.0
 _CLOSE_TIMEOUT_S = 2.0
 
@@ -89,21 +94,62 @@ class StageProcess:
             self._exited.set()
 
 
+class _ForkedProcess:
+    """The ``Popen`` surface ``_Launcher`` uses, for a launcher made by fork."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            with contextlib.suppress(ChildProcessError):
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                if pid == 0:
+                    return None
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(LAUNCHER_MODULE, timeout or 0.0)
+            time.sleep(0.01)
+        assert self.returncode is not None
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+
+def _can_fork() -> bool:
+    """Forking this process is safe and saves the import: single-threaded
+    (at the Python level), with the stage worker (vLLM) already imported."""
+    return threading.active_count() == 1 and _WORKER_MODULE in sys.modules
+
+
 class _Launcher:
     """One launcher process and the thread that reads what it reports."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, fork: bool = False) -> None:
         to_child, self._to_launcher = os.pipe()
         self._from_launcher, from_child = os.pipe()
+        self.process: subprocess.Popen[bytes] | _ForkedProcess
         try:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", LAUNCHER_MODULE],
-                stdin=to_child,
-                stdout=from_child,
-                close_fds=True,
-                # Only the parent decides when stages stop (Ctrl-C included).
-                start_new_session=True,
-            )
+            if fork:
+                self.process = self._fork(to_child, from_child)
+            else:
+                self.process = subprocess.Popen(
+                    [sys.executable, "-m", LAUNCHER_MODULE],
+                    stdin=to_child,
+                    stdout=from_child,
+                    close_fds=True,
+                    # Only the parent decides when stages stop (Ctrl-C too).
+                    start_new_session=True,
+                )
         finally:
             os.close(to_child)
             os.close(from_child)
@@ -120,6 +166,16 @@ class _Launcher:
         threading.Thread(
             target=self._read, name="omni-launcher-reader", daemon=True
         ).start()
+
+    def _fork(self, to_child: int, from_child: int) -> _ForkedProcess:
+        pid = os.fork()
+        if pid == 0:  # the launcher: never returns
+            os.close(self._to_launcher)
+            os.close(self._from_launcher)
+            from vllm_omni.engine.launcher import serve_forked
+
+            serve_forked(to_child, from_child)
+        return _ForkedProcess(pid)
 
     def _read(self) -> None:
         try:
@@ -240,18 +296,24 @@ _users = 0
 _held = False
 
 
-def _current() -> _Launcher:
+def _current(*, fork: bool = False) -> _Launcher:
     """The running launcher, started if needed (call with ``_lock`` held)."""
     global _launcher
     if _launcher is None or not _launcher.alive:
-        _launcher = _Launcher()
+        _launcher = _Launcher(fork=fork and _can_fork())
     return _launcher
 
 
-def start_launcher() -> None:
-    """Start the launcher now (it imports vLLM); later stage starts are cheap."""
+def start_launcher(*, fork: bool = False) -> None:
+    """Start the launcher now; later stage starts are cheap.
+
+    By default it is a fresh interpreter that imports vLLM in parallel with
+    the caller. ``fork=True`` is for a process that owns its main module and
+    has imported vLLM already (``vllm-omni serve``): the launcher is then a
+    fork of it, made while it is still single-threaded, and imports nothing.
+    """
     with _lock:
-        _current()
+        _current(fork=fork)
 
 
 def hold() -> None:

@@ -4,8 +4,9 @@ Order matters: everything an operator can get wrong (the command line, the
 pipeline file, the job store held by another server, the port) is checked
 before vLLM is imported, so each fails in well under a second with one line
 on stderr and a non-zero exit, never a traceback after half a minute. Only
-then does the stage launcher start (its vLLM import overlaps this process's
-own, see ``vllm_omni.engine.processes``) and the server module load.
+then does the server module load (the one vLLM import), and the stage
+launcher is forked from this still single-threaded process (see
+``vllm_omni.engine.processes``), so vLLM is not imported a second time.
 """
 
 from __future__ import annotations
@@ -142,12 +143,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    from vllm_omni.engine.processes import start_launcher
-
-    start_launcher()
     from vllm_omni.engine.orchestrator import StageStartupError
+    from vllm_omni.engine.processes import start_launcher
     from vllm_omni.entrypoints.openai.api_server import run_server
     from vllm_omni.errors import VLLMValidationError
+
+    # vLLM is imported now and no thread runs yet: the stage launcher is a
+    # fork of this process, so nothing imports vLLM a second time.
+    start_launcher(fork=True)
 
     code = 0
     try:
