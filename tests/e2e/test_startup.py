@@ -11,6 +11,7 @@ served process leaves no process of its tree alive 2 s after SIGTERM.
 from __future__ import annotations
 
 import fcntl
+import re
 import signal
 import socket
 import subprocess
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 import pytest
 import yaml
@@ -169,10 +171,28 @@ def test_fault_that_cannot_be_built_fails_startup_in_one_line(tmp_path: Path) ->
     ), stderr[-3000:]
 
 
+_STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} "
+_GUARDRAIL_LINE = re.compile(
+    rf"^{_STAMP}INFO stage-0 \[log-probe-1\] stage 0 request log-probe-1 failed "
+    r"\(GuardrailViolationError 400\)$"
+)
+
+
 def test_no_process_of_the_server_tree_survives_sigterm(tmp_path: Path) -> None:
+    """Also: stage log lines are whole, stamped with time, stage and request."""
     server = start_server(tmp_path)
     try:
         server.wait_ready()
+        refused = httpx.post(
+            server.base_url + "/v1/chat/completions",
+            headers={"X-Request-Id": "log-probe-1"},
+            json={
+                "model": "omni-reference",
+                "messages": [{"role": "user", "content": "about forbidden-topic"}],
+            },
+            timeout=30,
+        )
+        assert refused.status_code == 400
         tree = psutil.Process(server.proc.pid).children(recursive=True)
         # The launcher (forked from the server) and the six reference stages.
         assert len(tree) == 7, tree
@@ -186,6 +206,10 @@ def test_no_process_of_the_server_tree_survives_sigterm(tmp_path: Path) -> None:
         assert [p.pid for p in tree if _running(p)] == [], server.log()[-3000:]
     finally:
         server.stop()
+    lines = server.log().splitlines()
+    assert len([line for line in lines if _GUARDRAIL_LINE.match(line)]) == 1
+    stage_lines = [line for line in lines if re.search(r" stage-\d+ \[", line)]
+    assert stage_lines and all(re.match(_STAMP, line) for line in stage_lines)
 
 
 def _running(process: psutil.Process) -> bool:

@@ -3,16 +3,20 @@
 Order matters: everything an operator can get wrong (the command line, the
 pipeline file, the job store held by another server, the port) is checked
 before vLLM is imported, so each fails in well under a second with one line
-on stderr and a non-zero exit, never a traceback after half a minute. Only
-then does the server module load (the one vLLM import), and the stage
-launcher is forked from this still single-threaded process (see
-``vllm_omni.engine.processes``), so vLLM is not imported a second time.
+on stderr and a non-zero exit, never a traceback after half a minute. Then
+the stage worker is imported (vLLM and torch, once) and the stage launcher
+is forked from this still single-threaded process (see
+``vllm_omni.engine.processes``), so nothing imports vLLM a second time; the
+stages start while this process goes on importing vLLM's serving modules
+(which only the server needs) for the HTTP side.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import importlib
 import logging
 import os
 import socket
@@ -24,6 +28,7 @@ from typing import NoReturn
 __all__ = ["main", "make_parser", "preflight"]
 
 _PROG = "vllm-omni serve"
+_API_SERVER = "vllm_omni.entrypoints.openai.api_server"
 # The exit code of a check that failed before startup (argparse's too).
 _USAGE_ERROR = 2
 
@@ -131,6 +136,22 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+async def _serve(args: argparse.Namespace) -> int:
+    """Start the stages while this process imports vLLM's serving modules
+    (which the stages do not need), then serve."""
+    from vllm_omni.entrypoints.async_omni import AsyncOmni
+
+    starting = asyncio.create_task(AsyncOmni.create(pipeline=args.pipeline))
+    try:
+        api_server = await asyncio.to_thread(importlib.import_module, _API_SERVER)
+    except BaseException:
+        starting.cancel()
+        with contextlib.suppress(BaseException):
+            (await starting).shutdown()
+        raise
+    return int(await api_server.run_server(args, engine=await starting))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     args.uvicorn_log_level = args.log_level
@@ -145,16 +166,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     from vllm_omni.engine.orchestrator import StageStartupError
     from vllm_omni.engine.processes import start_launcher
-    from vllm_omni.entrypoints.openai.api_server import run_server
     from vllm_omni.errors import VLLMValidationError
 
-    # vLLM is imported now and no thread runs yet: the stage launcher is a
-    # fork of this process, so nothing imports vLLM a second time.
+    # The stage worker (and with it vLLM) is imported and no thread runs yet:
+    # the stage launcher is a fork of this process and imports nothing.
     start_launcher(fork=True)
-
     code = 0
     try:
-        code = asyncio.run(run_server(args))
+        code = asyncio.run(_serve(args))
     except KeyboardInterrupt:
         code = 0
     except (VLLMValidationError, StageStartupError) as exc:
