@@ -240,7 +240,10 @@ class StageWorker:
     def _submit(self, request: m.Submit) -> None:
         if request.request_id in self._tasks:
             logger.warning(
-                "stage %d: duplicate request %s", self.stage_id, request.request_id
+                "stage %d: duplicate request %s",
+                self.stage_id,
+                request.request_id,
+                extra={"request_id": request.request_id},
             )
             return
         self._stats.submitted += 1
@@ -263,6 +266,7 @@ class StageWorker:
             self.stage_id,
             request_id,
             " (running work cancelled)" if running else "",
+            extra={"request_id": request_id},
         )
 
     def _utility(self, method: str) -> Any:
@@ -378,7 +382,8 @@ class _StageLogFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         record.stage_id = self.stage_id
-        record.request_id = _request_id.get()
+        if not hasattr(record, "request_id"):  # unless given with ``extra``
+            record.request_id = _request_id.get()
         return True
 
 
