@@ -3,9 +3,13 @@
 Owns the schema and its validation: ``load_pipeline`` turns the built-in name
 ``reference`` or a YAML file path into a frozen ``PipelineConfig``, and
 rejects a bad file with a ``VLLMValidationError`` whose ``parameter`` is the
-offending key path (``stages[1].kind``). It must not start processes, import
-stage implementations or touch the network: the orchestrator and the stage
-workers read the result.
+offending key path (``stages[1].kind``). ``check_pipeline`` is the same check
+for ``vllm-omni serve`` before it imports vLLM: it raises the light
+``PipelineConfigError`` (``file:line:column`` for YAML errors, the key path
+for schema errors) and skips what needs vLLM (building fault exceptions).
+It must not start processes, import stage implementations or touch the
+network: the orchestrator and the stage workers read the result. Importing it
+must stay cheap (no vLLM): the exception classes are imported when needed.
 
 Schema::
 
@@ -26,8 +30,9 @@ Schema::
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -35,15 +40,16 @@ from typing import Any, Literal, NoReturn, cast, get_args
 
 import yaml
 
-from vllm_omni.errors import VLLMValidationError
-
 __all__ = [
     "BUILTIN_PIPELINES",
     "FaultConfig",
     "PipelineConfig",
+    "PipelineConfigError",
     "StageConfig",
     "StageKind",
+    "check_pipeline",
     "load_pipeline",
+    "pipeline_from_mapping",
 ]
 
 StageKind = Literal["text", "talker", "vocoder", "image", "video", "guardrail", "vllm"]
@@ -103,9 +109,23 @@ class PipelineConfig:
         return tuple(f for f in self.faults if f.stage == stage_id)
 
 
+class PipelineConfigError(ValueError):
+    """A pipeline that cannot be loaded: where (key path or file position) and why.
+
+    Raised by ``check_pipeline``; the public loaders turn it into
+    ``VLLMValidationError`` with the key path as ``parameter``.
+    """
+
+    def __init__(self, message: str, parameter: str, *, source: str = "") -> None:
+        super().__init__(f"{source}: {message}" if source else message)
+        self.message = message
+        self.parameter = parameter
+        self.source = source
+
+
 def _reject(message: str, parameter: str) -> NoReturn:
-    raise VLLMValidationError(
-        f"invalid pipeline config: {message}", parameter=parameter
+    raise PipelineConfigError(
+        f"invalid pipeline config at {parameter}: {message}", parameter
     )
 
 
@@ -194,8 +214,30 @@ def _fault(raw: object, index: int, stages: tuple[StageConfig, ...]) -> FaultCon
     )
 
 
-def pipeline_from_mapping(data: object, *, source: str = "<memory>") -> PipelineConfig:
-    """Validate an already parsed pipeline document."""
+def _check_fault_exception(fault: FaultConfig, where: str) -> None:
+    """A ``raise`` fault must name an exception that its arguments can build,
+    or the drill would fail only at request time (as a 500)."""
+    if fault.action != "raise" or fault.exception is None:
+        return
+    # Imported here: resolving the class imports vLLM's exception modules.
+    from vllm_omni.engine.faults import build_exception, resolve_exception
+
+    try:
+        resolve_exception(fault.exception)
+    except LookupError as exc:
+        _reject(str(exc), f"{where}.exception")
+    try:
+        build_exception(fault)
+    except Exception as exc:  # whatever the constructor rejects the args with
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        _reject(
+            f"{fault.exception} cannot be built from args/kwargs "
+            f"({type(exc).__name__}: {first})",
+            f"{where}.kwargs" if fault.kwargs else f"{where}.args",
+        )
+
+
+def _from_mapping(data: object, *, source: str, build_faults: bool) -> PipelineConfig:
     if not isinstance(data, Mapping):
         _reject("the document must be a mapping", "pipeline")
     _check_keys(data, _TOP_KEYS, "")
@@ -218,10 +260,18 @@ def pipeline_from_mapping(data: object, *, source: str = "<memory>") -> Pipeline
         isinstance(term, str) and term for term in blocklist
     ):
         _reject("blocklist must be a list of non-empty strings", "guardrail.blocklist")
+    if blocklist and not any(s.kind == "guardrail" for s in stages):
+        _reject(
+            "a blocklist needs a stage of kind 'guardrail' to enforce it",
+            "guardrail.blocklist",
+        )
     raw_faults = data.get("faults") or []
     if not isinstance(raw_faults, list):
         _reject("faults must be a list", "faults")
     faults = tuple(_fault(raw, i, stages) for i, raw in enumerate(raw_faults))
+    if build_faults:
+        for index, fault in enumerate(faults):
+            _check_fault_exception(fault, f"faults[{index}]")
     return PipelineConfig(
         model=model,
         stages=stages,
@@ -231,27 +281,75 @@ def pipeline_from_mapping(data: object, *, source: str = "<memory>") -> Pipeline
     )
 
 
-def load_pipeline(spec: str | os.PathLike[str] | PipelineConfig) -> PipelineConfig:
-    """``reference`` (built in), a YAML file path, or an already loaded config."""
-    if isinstance(spec, PipelineConfig):
-        return spec
+def pipeline_from_mapping(data: object, *, source: str = "<memory>") -> PipelineConfig:
+    """Validate an already parsed pipeline document (``VLLMValidationError``)."""
+    with _as_validation_error():
+        return _from_mapping(data, source=source, build_faults=True)
+
+
+def check_pipeline(
+    spec: str | os.PathLike[str], *, build_faults: bool = True
+) -> PipelineConfig:
+    """Load ``reference`` or a YAML file; raise ``PipelineConfigError`` if bad.
+
+    With ``build_faults=False`` nothing imports vLLM (fault exception classes
+    are checked later, by ``load_pipeline``), so a CLI can check a file in
+    milliseconds before it pays for vLLM.
+    """
     if isinstance(spec, str) and spec in BUILTIN_PIPELINES:
         text = (resources.files("vllm_omni.pipelines") / f"{spec}.yaml").read_text()
         source = f"builtin:{spec}"
     else:
         path = Path(spec)
-        if not path.is_file():
-            _reject(
-                f"no built-in pipeline of that name ({', '.join(BUILTIN_PIPELINES)}) "
-                "and no such file",
+        source = str(path)
+        if not path.exists():
+            raise PipelineConfigError(
+                f"pipeline file {source} does not exist "
+                f"(built-in pipelines: {', '.join(BUILTIN_PIPELINES)})",
                 "pipeline",
             )
-        text = path.read_text()
-        source = str(path)
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PipelineConfigError(
+                f"cannot read pipeline file {source}: "
+                f"{getattr(exc, 'strerror', None) or type(exc).__name__}",
+                "pipeline",
+            ) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        problem = type(exc).__name__
-    else:
-        return pipeline_from_mapping(data, source=source)
-    _reject(f"not valid YAML ({problem})", "pipeline")
+        raise _yaml_error(exc, source) from None
+    try:
+        return _from_mapping(data, source=source, build_faults=build_faults)
+    except PipelineConfigError as exc:
+        raise PipelineConfigError(exc.message, exc.parameter, source=source) from None
+
+
+def _yaml_error(exc: yaml.YAMLError, source: str) -> PipelineConfigError:
+    """``file:line:column: message``, the position of the problem (1-based)."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or type(exc).__name__
+    where = source if mark is None else f"{source}:{mark.line + 1}:{mark.column + 1}"
+    return PipelineConfigError(f"not valid YAML: {problem}", "pipeline", source=where)
+
+
+@contextlib.contextmanager
+def _as_validation_error() -> Iterator[None]:
+    try:
+        yield
+    except PipelineConfigError as exc:
+        from vllm_omni.errors import VLLMValidationError
+
+        raise VLLMValidationError(str(exc), parameter=exc.parameter) from None
+
+
+def load_pipeline(spec: str | os.PathLike[str] | PipelineConfig) -> PipelineConfig:
+    """``reference`` (built in), a YAML file path, or an already loaded config.
+
+    Raises ``VLLMValidationError`` naming the key path (``parameter``).
+    """
+    if isinstance(spec, PipelineConfig):
+        return spec
+    with _as_validation_error():
+        return check_pipeline(spec)

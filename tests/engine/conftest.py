@@ -1,6 +1,6 @@
 """Engines for the runtime tests: started once per session, shut down at the end.
 
-The forkserver that makes stage processes imports vLLM once (several
+The launcher that makes stage processes imports vLLM once (several
 seconds); starting it here overlaps that with test collection.
 """
 
@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from vllm_omni.engine.processes import start_forkserver
+from vllm_omni.engine import processes
 
-start_forkserver()
+# One launcher for the whole session (it imports vLLM once).
+processes.hold()
 
 from tests.engine.engines import write_pipeline  # noqa: E402
 from vllm_omni.entrypoints.async_omni import AsyncOmni  # noqa: E402

@@ -8,7 +8,12 @@ from typing import Any
 import pytest
 
 from tests.engine.engines import write_pipeline
-from vllm_omni.config import load_pipeline, pipeline_from_mapping
+from vllm_omni.config import (
+    PipelineConfigError,
+    check_pipeline,
+    load_pipeline,
+    pipeline_from_mapping,
+)
 from vllm_omni.errors import VLLMValidationError
 
 GOOD: dict[str, Any] = {
@@ -89,10 +94,101 @@ def test_bad_config_names_the_key(document: Any, parameter: str) -> None:
     assert "invalid pipeline config" in str(info.value)
 
 
-def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:
-    with pytest.raises(VLLMValidationError, match="no built-in pipeline"):
-        load_pipeline(tmp_path / "nope.yaml")
+def test_missing_file_says_the_file_does_not_exist(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(VLLMValidationError) as info:
+        load_pipeline(missing)
+    assert str(info.value).startswith(f"pipeline file {missing} does not exist")
+    assert info.value.parameter == "pipeline"
+
+
+def test_bad_yaml_names_file_line_and_column(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
-    bad.write_text("model: [unclosed")
-    with pytest.raises(VLLMValidationError, match="not valid YAML"):
+    bad.write_text("model: m\nstages:\n  - {id: 0, kind: text\n")
+    with pytest.raises(PipelineConfigError) as info:
+        check_pipeline(bad)
+    # The flow mapping opened on line 3 is never closed; PyYAML marks the end.
+    assert str(info.value) == (
+        f"{bad}:4:1: not valid YAML: expected ',' or '}}', but got '<stream end>'"
+    )
+    with pytest.raises(VLLMValidationError, match=f"^{bad}:4:1: not valid YAML"):
         load_pipeline(bad)
+
+
+def test_schema_error_in_a_file_names_file_and_key_path(tmp_path: Path) -> None:
+    path = write_pipeline(tmp_path, _with_stage(kind="teleport"))
+    with pytest.raises(PipelineConfigError) as info:
+        check_pipeline(path)
+    assert info.value.parameter == "stages[0].kind"
+    assert str(info.value).startswith(
+        f"{path}: invalid pipeline config at stages[0].kind: stage kind must be"
+    )
+
+
+def test_blocklist_without_a_guardrail_stage_is_rejected() -> None:
+    with pytest.raises(VLLMValidationError) as info:
+        pipeline_from_mapping({**GOOD, "guardrail": {"blocklist": ["x"]}})
+    assert info.value.parameter == "guardrail.blocklist"
+    assert "needs a stage of kind 'guardrail'" in str(info.value)
+    guarded = {
+        **GOOD,
+        "stages": [{"id": 0, "kind": "guardrail"}, {"id": 1, "kind": "text"}],
+        "guardrail": {"blocklist": ["x"]},
+    }
+    assert pipeline_from_mapping(guarded).guardrail_blocklist == ("x",)
+
+
+def _raising(**fault: Any) -> dict[str, Any]:
+    return {
+        **GOOD,
+        "faults": [{"stage": 0, "marker": "@x", "action": "raise", **fault}],
+    }
+
+
+@pytest.mark.parametrize(
+    ("fault", "parameter", "cause"),
+    [
+        (
+            {"exception": "vllm.exceptions:NoSuchError"},
+            "faults[0].exception",
+            "'vllm.exceptions:NoSuchError' is not an exception class",
+        ),
+        (
+            {"exception": "os:system"},
+            "faults[0].exception",
+            "'os:system' is not an exception class",
+        ),
+        (
+            {
+                "exception": "vllm_omni.errors:OmniStageTimeoutError",
+                "args": ["slow"],
+                "kwargs": {"stage": 1},
+            },
+            "faults[0].kwargs",
+            "cannot be built from args/kwargs (TypeError:",
+        ),
+        (
+            {"exception": "vllm.exceptions:GenerationError", "args": [1, 2, 3, 4]},
+            "faults[0].args",
+            "cannot be built from args/kwargs (TypeError:",
+        ),
+    ],
+)
+def test_fault_exception_that_cannot_be_built_is_rejected_at_load(
+    fault: dict[str, Any], parameter: str, cause: str
+) -> None:
+    with pytest.raises(VLLMValidationError) as info:
+        pipeline_from_mapping(_raising(**fault))
+    assert info.value.parameter == parameter
+    assert cause in str(info.value)
+
+
+def test_fault_exceptions_are_not_built_by_the_cli_check(tmp_path: Path) -> None:
+    """``check_pipeline(build_faults=False)`` must not need vLLM's classes."""
+    path = write_pipeline(tmp_path, _raising(exception="vllm.exceptions:NoSuch"))
+    assert check_pipeline(path, build_faults=False).faults[0].exception == (
+        "vllm.exceptions:NoSuch"
+    )
+    with pytest.raises(PipelineConfigError) as info:
+        check_pipeline(path)
+    assert info.value.parameter == "faults[0].exception"

@@ -15,8 +15,9 @@ import pytest
 
 from tests.engine.engines import collect, stage_active, wait_for, write_pipeline
 from vllm_omni.config import load_pipeline
-from vllm_omni.engine.processes import mp_context
-from vllm_omni.engine.stage_worker import WorkerSpec, run_stage_process
+from vllm_omni.engine import processes
+from vllm_omni.engine.orchestrator import StageStartupError
+from vllm_omni.engine.stage_worker import WorkerSpec
 from vllm_omni.entrypoints.async_omni import AsyncOmni
 from vllm_omni.errors import EngineDeadError, OmniEngineDeadError
 
@@ -114,8 +115,8 @@ async def test_a_stage_exits_when_its_orchestrator_is_gone(tmp_path: Path) -> No
         address=f"ipc://{tmp_path}/nobody.sock",
         orchestrator_pid=stand_in.pid,
     )
-    process = mp_context().Process(target=run_stage_process, args=(spec,), daemon=True)
-    await asyncio.to_thread(process.start)
+    lease = processes.acquire()
+    process = await asyncio.to_thread(lease.start_stage, spec, "orphan")
     try:
         await asyncio.sleep(0.3)
         assert process.is_alive()
@@ -127,6 +128,7 @@ async def test_a_stage_exits_when_its_orchestrator_is_gone(tmp_path: Path) -> No
         stand_in.kill()
         if process.is_alive():
             process.kill()
+        lease.release()
 
 
 async def test_remote_stage_over_tcp_and_heartbeat_loss(pipeline_dir: Path) -> None:
@@ -146,8 +148,8 @@ async def test_remote_stage_over_tcp_and_heartbeat_loss(pipeline_dir: Path) -> N
         address=engine.address,
         orchestrator_timeout_s=5.0,
     )
-    remote = mp_context().Process(target=run_stage_process, args=(spec,), daemon=True)
-    await asyncio.to_thread(remote.start)
+    lease = processes.acquire()
+    remote = await asyncio.to_thread(lease.start_stage, spec, "remote")
     try:
         await starting
         outputs = await collect(engine, "over tcp", request_id="tcp-1")
@@ -161,6 +163,7 @@ async def test_remote_stage_over_tcp_and_heartbeat_loss(pipeline_dir: Path) -> N
         engine.shutdown()
         if remote.is_alive():
             remote.kill()
+        lease.release()
 
 
 def _true_when(condition: Any) -> Any:
@@ -179,11 +182,18 @@ async def test_a_stage_that_cannot_start_fails_the_start(pipeline_dir: Path) -> 
         ],
     }
     engine = AsyncOmni(pipeline=write_pipeline(pipeline_dir, document))
-    with pytest.raises(OmniEngineDeadError) as info:
+    with pytest.raises(StageStartupError) as info:
         await engine.start()
+    # A startup error naming the stage and its cause, not engine death.
     assert info.value.stage_id == 7 and info.value.details is not None
-    assert info.value.details.fatal
-    assert engine.errored and not engine.is_running
+    assert info.value.details.stage_id == 7
+    assert info.value.details.status_code == 503
+    assert not info.value.details.fatal
+    assert str(info.value).startswith(
+        "Stage 7 (gpu) failed to start: VLLMValidationError: "
+        "a vllm stage needs options.engine_args with a model"
+    )
+    assert not engine.errored and not engine.is_running
     assert all(pid is None or not _alive(pid) for pid in engine.stage_pids().values())
 
 

@@ -6,9 +6,10 @@ from collections.abc import AsyncIterator
 
 import pytest_asyncio
 
-from vllm_omni.engine.processes import start_forkserver
+from vllm_omni.engine import processes
 
-start_forkserver()
+# One launcher for the whole session (it imports vLLM once).
+processes.hold()
 
 from vllm_omni.entrypoints.async_omni import AsyncOmni  # noqa: E402
 

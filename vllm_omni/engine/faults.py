@@ -7,7 +7,9 @@ a crash that skips all cleanup) and ``hang`` (sleep far past any deadline,
 preemptibly). Exception classes are resolved only from the modules that own
 error types (builtins, ``vllm.exceptions``, ``vllm.v1.engine.exceptions``,
 ``vllm_omni.errors``); this module never imports anything else by name.
-It runs inside the stage process, before the stage sees the request.
+It runs inside the stage process, before the stage sees the request;
+``vllm_omni.config`` also builds each ``raise`` fault's exception once at load
+time, so a bad entry is rejected with its key path instead of failing as a 500.
 """
 
 from __future__ import annotations
@@ -19,7 +21,13 @@ import os
 
 from vllm_omni.config import FaultConfig
 
-__all__ = ["HANG_SECONDS", "apply_fault", "build_exception", "matching_fault"]
+__all__ = [
+    "HANG_SECONDS",
+    "apply_fault",
+    "build_exception",
+    "matching_fault",
+    "resolve_exception",
+]
 
 HANG_SECONDS = 3600.0
 _EXCEPTION_MODULES = (
@@ -36,7 +44,9 @@ def matching_fault(faults: tuple[FaultConfig, ...], prompt: str) -> FaultConfig 
     return next((fault for fault in faults if fault.marker in prompt), None)
 
 
-def _resolve(name: str) -> type[BaseException]:
+def resolve_exception(name: str) -> type[BaseException]:
+    """The exception class ``"module:Name"`` (or a bare name) stands for;
+    ``LookupError`` unless it is one from the modules that own error types."""
     module_name, _, attr = name.rpartition(":")
     candidates = [module_name] if module_name else ["vllm_omni.errors", "builtins"]
     for candidate in candidates:
@@ -48,14 +58,16 @@ def _resolve(name: str) -> type[BaseException]:
         value = getattr(module, attr, None)
         if isinstance(value, type) and issubclass(value, BaseException):
             return value
-    raise RuntimeError(f"fault exception {name!r} is not a known exception class")
+    raise LookupError(
+        f"{name!r} is not an exception class of {', '.join(_EXCEPTION_MODULES)}"
+    )
 
 
 def build_exception(fault: FaultConfig) -> BaseException:
     """The exception a ``raise`` fault throws."""
     if fault.exception is None:
         return RuntimeError(f"injected fault {fault.marker!r}")
-    return _resolve(fault.exception)(*fault.args, **dict(fault.kwargs))
+    return resolve_exception(fault.exception)(*fault.args, **dict(fault.kwargs))
 
 
 async def apply_fault(fault: FaultConfig) -> None:

@@ -1,7 +1,7 @@
 """The orchestrator: moves each request through its stages and owns their fate.
 
 Owns the orchestrator side of the stage wire (DESIGN §6): it starts the
-stage processes (forks of one preloaded forkserver, see ``processes.py``),
+stage processes (forks of one launcher process, see ``processes.py``),
 binds one ZMQ ROUTER socket (``ipc://`` under a private temp dir by default,
 ``tcp://`` for stages on other hosts), routes each request along the chain
 of stages that produce the requested modalities, and turns what comes back
@@ -17,7 +17,10 @@ into results or exceptions:
   the engine dead: every in-flight request fails with
   ``OmniEngineDeadError(stage_id=…)`` and new ones are refused;
 - a consumer that goes away (``CancelledError``/``GeneratorExit``) aborts the
-  request in every stage; that is not an error.
+  request in every stage; that is not an error;
+- until every stage is ready, any failure (a stage's startup record, a stage
+  or the launcher exiting) is a ``StageStartupError`` naming the stage and the
+  cause (exception class and first line), never engine death.
 
 It must not classify exceptions (stages normalize, ``to_exception``
 rebuilds) and must not render anything for a transport.
@@ -37,7 +40,6 @@ import time
 import uuid
 import weakref
 from collections.abc import AsyncGenerator, Iterable, Mapping
-from multiprocessing.process import BaseProcess
 from typing import Any, Literal
 
 import zmq
@@ -45,8 +47,9 @@ import zmq.asyncio
 
 from vllm_omni.config import PipelineConfig, StageConfig
 from vllm_omni.engine import messages as m
-from vllm_omni.engine.processes import mp_context
-from vllm_omni.engine.stage_worker import WorkerSpec, run_stage_process, stage_identity
+from vllm_omni.engine import processes
+from vllm_omni.engine.processes import LauncherError, Lease, StageProcess
+from vllm_omni.engine.stage_worker import WorkerSpec, stage_identity
 from vllm_omni.errors import (
     OmniConflictError,
     OmniEngineDeadError,
@@ -60,7 +63,7 @@ from vllm_omni.errors import (
 from vllm_omni.errors.details import OmniErrorDetails
 from vllm_omni.outputs import DiffusionOutput, OmniRequestOutput
 
-__all__ = ["MODALITIES", "Orchestrator"]
+__all__ = ["MODALITIES", "Orchestrator", "StageStartupError"]
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +82,31 @@ _HEARTBEAT_S = 1.0
 _PARAM_TYPES = (str, int, float, bool, bytes, type(None))
 
 
+class StageStartupError(OmniServiceUnavailableError):
+    """A stage could not start: the engine never ran (503, with ``stage_id``).
+
+    The message names the stage and the cause, for example ``Stage 7 (gpu)
+    failed to start: ValidationError: 1 validation error for EngineArgs``.
+    """
+
+    def __init__(self, stage: StageConfig, cause: str) -> None:
+        super().__init__(f"Stage {stage.id} ({stage.name}) failed to start: {cause}")
+        self.stage_id = stage.id
+        self.cause = cause
+        self.details = normalize(self, stage_id=stage.id)
+
+
+def _stage_log_settings() -> tuple[int, bool]:
+    """The level and traceback choice for stage logs, from this process's
+    ``logging`` configuration of ``vllm_omni.stage``: a caller that configured
+    nothing (no handler anywhere) gets warnings only, without tracebacks."""
+    stage_logger = logging.getLogger("vllm_omni.stage")
+    level = stage_logger.getEffectiveLevel()
+    if not stage_logger.hasHandlers():
+        return max(level, logging.WARNING), False
+    return level, True
+
+
 class _Aborted:
     """Queue marker: the request was aborted through ``abort()``."""
 
@@ -92,7 +120,7 @@ class _StageHandle:
     def __init__(self, config: StageConfig, loop: asyncio.AbstractEventLoop) -> None:
         self.config = config
         self.identity = stage_identity(config.id)
-        self.process: BaseProcess | None = None
+        self.process: StageProcess | None = None
         self.ready: asyncio.Future[m.Ready] = loop.create_future()
         self.pid: int | None = None
         self.last_seen = loop.time()
@@ -143,13 +171,15 @@ def _bad_param(value: object, path: str, depth: int = 0) -> str | None:
     return path
 
 
-def _reap(processes: list[BaseProcess], ipc_dir: str | None) -> None:
-    """Last resort (GC, interpreter exit): no stage outlives its engine."""
+def _reap(processes: list[StageProcess], lease: Lease, ipc_dir: str | None) -> None:
+    """Last resort (GC, interpreter exit): no stage outlives its engine; the
+    launcher closes with its last lease."""
     for process in processes:
         with contextlib.suppress(Exception):
             if process.is_alive():
                 process.kill()
                 process.join(1.0)
+    lease.release()
     if ipc_dir is not None:
         shutil.rmtree(ipc_dir, ignore_errors=True)
 
@@ -250,9 +280,13 @@ class Orchestrator:
             async with asyncio.timeout(self._startup_timeout_s):
                 await asyncio.gather(*(h.ready for h in self._handles.values()))
         except TimeoutError:
+            waiting = [
+                str(h.config.id) for h in self._handles.values() if not h.ready.done()
+            ]
             self.shutdown()
             raise OmniServiceUnavailableError(
-                f"stages did not become ready within {self._startup_timeout_s:g} s"
+                f"stages {', '.join(waiting)} did not become ready within "
+                f"{self._startup_timeout_s:g} s"
             ) from None
         except BaseException:
             self.shutdown()
@@ -270,10 +304,11 @@ class Orchestrator:
 
     def _spawn_local(self) -> None:
         """Start local stage processes (in a thread: the first start waits for
-        the forkserver to import vLLM)."""
-        context = mp_context()
-        processes: list[BaseProcess] = []
-        self._finalizer = weakref.finalize(self, _reap, processes, self._ipc_dir)
+        the launcher to import vLLM)."""
+        lease = processes.acquire()
+        started: list[StageProcess] = []
+        self._finalizer = weakref.finalize(self, _reap, started, lease, self._ipc_dir)
+        level, tracebacks = _stage_log_settings()
         for handle in self._handles.values():
             if handle.config.remote:
                 continue
@@ -282,16 +317,16 @@ class Orchestrator:
                 pipeline=self.pipeline,
                 address=self.address,
                 orchestrator_pid=os.getpid(),
+                log_level=level,
+                log_tracebacks=tracebacks,
             )
-            process = context.Process(
-                target=run_stage_process,
-                args=(spec,),
-                name=f"omni-stage-{handle.config.id}-{handle.config.name}",
-                daemon=True,
-            )
-            process.start()
+            name = f"omni-stage-{handle.config.id}-{handle.config.name}"
+            try:
+                process = lease.start_stage(spec, name)
+            except LauncherError as exc:
+                raise StageStartupError(handle.config, str(exc)) from None
             handle.process = process
-            processes.append(process)
+            started.append(process)
 
     def shutdown(self, timeout_s: float = 3.0) -> None:
         """Stop every stage and release sockets; idempotent. Call it from the
@@ -380,6 +415,10 @@ class Orchestrator:
                 future.set_result(message.result)
 
     def _on_error(self, handle: _StageHandle, details: OmniErrorDetails) -> None:
+        if details.request_id is None and not handle.ready.done():
+            # The stage's startup record: the cause, before its process exits.
+            self._fail_start(handle.config, details.message)
+            return
         if details.fatal:
             self._mark_dead(
                 handle.config.id, "the stage reported a fatal error", details
@@ -433,10 +472,24 @@ class Orchestrator:
             details=normalize(self._dead, request_id=request_id),
         )
 
+    def _fail_start(self, stage: StageConfig, cause: str) -> None:
+        """A stage failed before the engine ran: ``start`` raises the first
+        such error (every waiting stage gets it, so nothing is left pending)."""
+        waiting = [h for h in self._handles.values() if not h.ready.done()]
+        if not waiting:
+            return
+        logger.error("stage %d (%s) failed to start: %s", stage.id, stage.name, cause)
+        error = StageStartupError(stage, cause)
+        for handle in waiting:
+            handle.ready.set_exception(error)
+
     def _mark_dead(
         self, stage_id: int, reason: str, record: OmniErrorDetails | None = None
     ) -> None:
         if self._dead is not None or self._closed:
+            return
+        if not self._started:
+            self._fail_start(self._handles[stage_id].config, reason)
             return
         dead = OmniEngineDeadError(stage_id=stage_id, reason=reason)
         dead.details = normalize(dead)

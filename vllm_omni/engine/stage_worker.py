@@ -10,8 +10,18 @@ process's log. A fatal error (the stage raised ``EngineDeadError``) is sent
 with ``fatal=True`` and the process exits.
 
 A worker never outlives its orchestrator: a local stage polls its parent
-(the forkserver, which exits with the orchestrator) and the orchestrator's
+(the launcher, which exits with the orchestrator) and the orchestrator's
 pid; a remote stage exits when the orchestrator has been silent too long.
+
+A stage that cannot be built or started sends one record without a request
+id (``OmniServiceUnavailableError`` naming the exception class and the first
+line of its message) and exits; the orchestrator reports it as a startup
+error of this stage, not as engine death.
+
+Logs: one line per record (tracebacks folded into it), written with a single
+``write`` so stages never interleave mid-line, stamped with the time, the
+stage id and the request id. The level (and whether tracebacks are shown)
+comes from the engine's process (``WorkerSpec.log_level``).
 
 This module must not decide statuses or build envelopes, and must not
 reconstruct exceptions from records: that is the orchestrator's side.
@@ -28,6 +38,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import logging
@@ -35,6 +46,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,17 +57,31 @@ from vllm_omni import __version__
 from vllm_omni.config import PipelineConfig, StageConfig, load_pipeline
 from vllm_omni.engine import messages as m
 from vllm_omni.engine.faults import apply_fault, matching_fault
-from vllm_omni.errors import OmniEngineDeadError, normalize
+from vllm_omni.errors import OmniServiceUnavailableError, normalize
 from vllm_omni.stages import build_stage
 from vllm_omni.stages.base import Stage
 
-__all__ = ["WorkerSpec", "main", "run_stage_process", "stage_identity"]
+__all__ = [
+    "LOG_FORMAT",
+    "WorkerSpec",
+    "configure_logging",
+    "main",
+    "run_stage_process",
+    "stage_identity",
+]
 
 logger = logging.getLogger("vllm_omni.stage")
 
 _WATCH_INTERVAL_S = 0.25
 _RECENT = 1000  # request ids kept per stats list
 _EXIT_LINGER_MS = 2000
+# A pipe write of at most PIPE_BUF (4096) bytes is atomic: lines from several
+# stages sharing one stderr never interleave mid-line.
+_MAX_LOG_LINE = 4000
+LOG_FORMAT = "%(asctime)s %(levelname)s stage-%(stage_id)s [%(request_id)s] %(message)s"
+_request_id: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "omni_stage_request_id", default="-"
+)
 
 
 def stage_identity(stage_id: int) -> bytes:
@@ -65,7 +91,7 @@ def stage_identity(stage_id: int) -> bytes:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class WorkerSpec:
-    """Everything a stage process needs; pickled to it by the forkserver."""
+    """Everything a stage process needs; pickled to it through the launcher."""
 
     stage: StageConfig
     pipeline: PipelineConfig
@@ -75,6 +101,9 @@ class WorkerSpec:
     heartbeat_s: float = 1.0
     # Remote stages: exit when the orchestrator has been silent this long.
     orchestrator_timeout_s: float | None = None
+    # What the engine's process would show for ``vllm_omni.stage``.
+    log_level: int = logging.INFO
+    log_tracebacks: bool = True
 
 
 @dataclasses.dataclass(slots=True)
@@ -151,9 +180,11 @@ class StageWorker:
         error = starting.exception()
         if error is not None:
             logger.error("stage %d failed to start", self.stage_id, exc_info=error)
-            reason = f"stage failed to start: {type(error).__name__}"
-            dead = OmniEngineDeadError(stage_id=self.stage_id, reason=reason)
-            await self._send(m.ErrorMessage.from_details(normalize(dead)))
+            lines = str(error).strip().splitlines()
+            cause = f"{type(error).__name__}: {lines[0]}" if lines else ""
+            failed = OmniServiceUnavailableError(cause or type(error).__name__)
+            details = normalize(failed, stage_id=self.stage_id)
+            await self._send(m.ErrorMessage.from_details(details))
             self._exit_code, self._linger_ms = 1, _EXIT_LINGER_MS
             return False
         await self._send(
@@ -209,7 +240,10 @@ class StageWorker:
     def _submit(self, request: m.Submit) -> None:
         if request.request_id in self._tasks:
             logger.warning(
-                "stage %d: duplicate request %s", self.stage_id, request.request_id
+                "stage %d: duplicate request %s",
+                self.stage_id,
+                request.request_id,
+                extra={"request_id": request.request_id},
             )
             return
         self._stats.submitted += 1
@@ -232,6 +266,7 @@ class StageWorker:
             self.stage_id,
             request_id,
             " (running work cancelled)" if running else "",
+            extra={"request_id": request_id},
         )
 
     def _utility(self, method: str) -> Any:
@@ -255,6 +290,7 @@ class StageWorker:
 
     async def _run(self, request: m.Submit) -> None:
         request_id = request.request_id
+        _request_id.set(request_id)  # this task's context only
         assert self._stage is not None
         try:
             fault = matching_fault(self._faults, request.prompt)
@@ -337,14 +373,68 @@ def _serve(spec: WorkerSpec) -> int:
         worker.close()
 
 
+class _StageLogFilter(logging.Filter):
+    """Stamps every record with this stage's id and the current request id."""
+
+    def __init__(self, stage_id: int) -> None:
+        super().__init__()
+        self.stage_id = stage_id
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.stage_id = self.stage_id
+        if not hasattr(record, "request_id"):  # unless given with ``extra``
+            record.request_id = _request_id.get()
+        return True
+
+
+class _OneLineFormatter(logging.Formatter):
+    """A record is one line; without tracebacks an exception is its last line."""
+
+    def __init__(self, tracebacks: bool) -> None:
+        super().__init__(LOG_FORMAT)
+        self.tracebacks = tracebacks
+
+    def formatException(self, ei: Any) -> str:
+        if self.tracebacks:
+            return super().formatException(ei)
+        return traceback.format_exception_only(ei[0], ei[1])[-1].strip()
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record).replace("\r", "")
+        return text.replace("\n", " | ")
+
+
+class _LineHandler(logging.Handler):
+    """Writes each record to stderr with one ``os.write``."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            data = self.format(record).encode("utf-8", "replace")[:_MAX_LOG_LINE]
+            os.write(2, data + b"\n")
+        except Exception:
+            self.handleError(record)
+
+
+def configure_logging(stage_id: int, level: int, tracebacks: bool) -> None:
+    """This process's logging: every record one stamped line on stderr."""
+    handler = _LineHandler()
+    handler.addFilter(_StageLogFilter(stage_id))
+    handler.setFormatter(_OneLineFormatter(tracebacks))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
+    # vLLM's own logger has its own handler; it follows the same level.
+    logging.getLogger("vllm").setLevel(level)
+
+
 def run_stage_process(spec: WorkerSpec) -> None:
-    """Entry point of a local stage process (a forkserver child)."""
+    """Entry point of a local stage process (a fork of the launcher)."""
     # The orchestrator decides when stages stop; Ctrl-C in a terminal goes to
     # the whole process group and must not kill stages under a live engine.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(
-        level=logging.INFO, format=f"%(levelname)s stage-{spec.stage.id} %(message)s"
-    )
+    configure_logging(spec.stage.id, spec.log_level, spec.log_tracebacks)
     code = _serve(spec)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -360,8 +450,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pipeline", default="reference")
     parser.add_argument("--stage-id", type=int, required=True)
     parser.add_argument("--orchestrator-timeout-s", type=float, default=30.0)
+    parser.add_argument(
+        "--log-level", default="info", choices=("debug", "info", "warning", "error")
+    )
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO)
+    configure_logging(args.stage_id, getattr(logging, args.log_level.upper()), True)
     pipeline = load_pipeline(args.pipeline)
     spec = WorkerSpec(
         stage=pipeline.stage(args.stage_id),

@@ -34,7 +34,6 @@ from typing import Any
 
 from vllm_omni.config import PipelineConfig, load_pipeline
 from vllm_omni.engine.orchestrator import Orchestrator, Transport
-from vllm_omni.engine.processes import start_forkserver
 from vllm_omni.errors import OmniEngineDeadError
 from vllm_omni.outputs import OmniRequestOutput
 
@@ -89,10 +88,11 @@ class AsyncOmni:
     async def start(self) -> None:
         """Start the stage processes and wait until all are ready.
 
-        Raises ``OmniEngineDeadError`` if a stage dies or fails to start, and
-        ``OmniServiceUnavailableError`` if the stages are not ready in time.
+        Raises ``StageStartupError`` (an ``OmniServiceUnavailableError`` with
+        ``stage_id``) naming the stage and its exception class and first line
+        if a stage fails to start, and ``OmniServiceUnavailableError`` if the
+        stages are not ready in time.
         """
-        start_forkserver()
         await self._orchestrator.start()
 
     async def __aenter__(self) -> AsyncOmni:

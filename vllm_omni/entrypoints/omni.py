@@ -10,11 +10,14 @@ modalities, ``OmniServiceUnavailableError``, ...), or the remote
 With ``raise_on_error=False`` a failed prompt instead returns an output whose
 ``details`` is the error record.
 
-Usage::
+Usage (a plain top-level script, ``python - < script.py`` or a notebook:
+stage processes never re-run the caller's main module)::
 
-    if __name__ == "__main__":   # stage processes re-import the main module
-        with Omni(pipeline="reference") as omni:
-            print(omni.generate("Hello", modalities=["text"]).text)
+    with Omni(pipeline="reference") as omni:
+        print(omni.generate("Hello", modalities=["text"]).text)
+
+Stage logs follow the caller's ``logging`` configuration of the
+``vllm_omni`` logger; with none, only warnings (without tracebacks) appear.
 
 This module must not classify errors or render them.
 """

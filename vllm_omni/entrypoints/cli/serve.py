@@ -1,16 +1,47 @@
-"""``vllm-omni serve``: start the OpenAI-compatible server on a pipeline."""
+"""``vllm-omni serve``: start the OpenAI-compatible server on a pipeline.
+
+Order matters: everything an operator can get wrong (the command line, the
+pipeline file, the job store held by another server, the port) is checked
+before vLLM is imported, so each fails in well under a second with one line
+on stderr and a non-zero exit, never a traceback after half a minute. Then
+the stage worker is imported (vLLM and torch, once) and the stage launcher
+is forked from this still single-threaded process (see
+``vllm_omni.engine.processes``), so nothing imports vLLM a second time; the
+stages start while this process goes on importing vLLM's serving modules
+(which only the server needs) for the HTTP side.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import importlib
 import logging
 import os
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
-__all__ = ["main", "make_parser"]
+__all__ = ["main", "make_parser", "preflight"]
+
+_PROG = "vllm-omni serve"
+_API_SERVER = "vllm_omni.entrypoints.openai.api_server"
+# The exit code of a check that failed before startup (argparse's too).
+_USAGE_ERROR = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument error is one line (``prog: error: ...``), no usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(_USAGE_ERROR, f"{self.prog}: error: {message}\n")
+
+
+class PreflightError(Exception):
+    """A check before startup failed; the message is the one line to print."""
 
 
 def _default_job_store() -> str:
@@ -19,8 +50,8 @@ def _default_job_store() -> str:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="vllm-omni serve",
+    parser = _Parser(
+        prog=_PROG,
         description="Serve a multi-stage pipeline over an OpenAI-compatible API.",
     )
     parser.add_argument(
@@ -55,20 +86,102 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def preflight(args: argparse.Namespace) -> None:
+    """Check the pipeline file, claim the job store and bind the port, all
+    before vLLM is imported; raise ``PreflightError`` with one line."""
+    from vllm_omni.config import PipelineConfigError, check_pipeline
+    from vllm_omni.entrypoints.openai import job_lock
+
+    try:
+        # Fault exception classes need vLLM; AsyncOmni checks them at load.
+        check_pipeline(args.pipeline, build_faults=False)
+    except PipelineConfigError as exc:
+        raise PreflightError(str(exc)) from None
+    if args.job_store:
+        try:
+            job_lock.claim(args.job_store, ahead=True)
+        except (job_lock.JobStoreInUseError, OSError) as exc:
+            raise PreflightError(_one_line(exc)) from None
+    args.listen_socket = _bind(args.host, args.port)
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f" ({exc.filename})" if exc.filename else ""
+        return f"{exc.strerror}{where}"
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """The listening address, bound now (uvicorn listens on it later), so a
+    port in use fails before startup and nobody can take it meanwhile."""
+    if not 1 <= port <= 65535:
+        raise PreflightError(f"--port must be between 1 and 65535, not {port}")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise PreflightError(f"cannot resolve --host {host}: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise PreflightError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+        ) from None
+    sock.set_inheritable(False)
+    return sock
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    """Start the stages while this process imports vLLM's serving modules
+    (which the stages do not need), then serve."""
+    from vllm_omni.entrypoints.async_omni import AsyncOmni
+
+    starting = asyncio.create_task(AsyncOmni.create(pipeline=args.pipeline))
+    try:
+        api_server = await asyncio.to_thread(importlib.import_module, _API_SERVER)
+    except BaseException:
+        starting.cancel()
+        with contextlib.suppress(BaseException):
+            (await starting).shutdown()
+        raise
+    return int(await api_server.run_server(args, engine=await starting))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     args.uvicorn_log_level = args.log_level
+    try:
+        preflight(args)
+    except PreflightError as exc:
+        sys.stderr.write(f"{_PROG}: error: {exc}\n")
+        return _USAGE_ERROR
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    from vllm_omni.entrypoints.openai.api_server import run_server
+    from vllm_omni.engine.orchestrator import StageStartupError
+    from vllm_omni.engine.processes import start_launcher
+    from vllm_omni.errors import VLLMValidationError
 
+    # The stage worker (and with it vLLM) is imported and no thread runs yet:
+    # the stage launcher is a fork of this process and imports nothing.
+    start_launcher(fork=True)
     code = 0
     try:
-        code = asyncio.run(run_server(args))
+        code = asyncio.run(_serve(args))
     except KeyboardInterrupt:
         code = 0
+    except (VLLMValidationError, StageStartupError) as exc:
+        # A pipeline or stage that cannot start: one line, no traceback
+        # (the message itself, without upstream's "(parameter=...)" suffix).
+        message = exc.args[0] if exc.args and isinstance(exc.args[0], str) else exc
+        sys.stderr.write(f"{_PROG}: error: {_one_line(Exception(message))}\n")
+        code = 1
     except Exception:
         logging.getLogger("vllm_omni.server").exception("server failed")
         code = 1

@@ -115,12 +115,14 @@ async def init_app_state(
     await _run_hooks(app, "init_state", args)
 
 
-async def run_server(args: argparse.Namespace) -> int:
-    """Start the engine, serve until told to stop or the engine dies.
+async def run_server(args: argparse.Namespace, engine: AsyncOmni | None = None) -> int:
+    """Start the engine (unless given one already started), serve until told
+    to stop or the engine dies; shuts the engine down in every case.
 
     Returns the process exit code: 1 when the engine died, else 0.
     """
-    engine = await AsyncOmni.create(pipeline=args.pipeline)
+    if engine is None:
+        engine = await AsyncOmni.create(pipeline=args.pipeline)
     try:
         app = build_app(args)
         await init_app_state(app, engine, args)
@@ -147,8 +149,10 @@ async def run_server(args: argparse.Namespace) -> int:
             args.port,
             args.error_mode,
         )
+        # The socket ``vllm-omni serve`` bound before startup, if any.
+        listening = getattr(args, "listen_socket", None)
         try:
-            await server.serve()
+            await server.serve(sockets=None if listening is None else [listening])
         finally:
             watchdog.cancel()
             for sig in _EXIT_SIGNALS:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import json
 import logging
 import sqlite3
@@ -43,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal, TypeVar
 
+from vllm_omni.entrypoints.openai import job_lock
 from vllm_omni.errors import GenerationError, OmniServiceUnavailableError
 from vllm_omni.errors.details import OmniErrorDetails
 from vllm_omni.errors.fastapi import details_for_exception
@@ -208,25 +208,6 @@ def details_from_error_object(
     )
 
 
-def _claim(lock_path: Path) -> IO[bytes]:
-    """Own the store exclusively for this process's life.
-
-    At startup a server fails the jobs a previous process left unfinished; a
-    second live server on the same file would fail the first one's running
-    jobs, so it refuses to start instead.
-    """
-    handle = lock_path.open("a+b")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.close()
-        raise RuntimeError(
-            f"the job store {lock_path.with_suffix('')} is in use by another "
-            "vllm-omni server; give each server its own --job-store"
-        ) from None
-    return handle
-
-
 class JobStore:
     """The SQLite file. Methods are blocking and short; call them in a thread."""
 
@@ -236,7 +217,7 @@ class JobStore:
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             target = path
-            self._owner = _claim(Path(f"{path}.lock"))
+            self._owner = job_lock.claim(path)
         self._lock = threading.Lock()
         self._db = sqlite3.connect(target, check_same_thread=False, timeout=10.0)
         with self._lock:

@@ -1,0 +1,219 @@
+"""``vllm-omni serve`` on a fresh machine: fast, one-line failures; clean exit.
+
+Each bad configuration an operator can make (command line, pipeline file,
+job store held by another server, port in use) is checked before vLLM is
+imported: the real CLI exits non-zero in under 3 s with exactly one line on
+stderr and no traceback. A fault entry that cannot be built is only known
+once vLLM's classes are imported, but still fails startup with one line. A
+served process leaves no process of its tree alive 2 s after SIGTERM.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+import yaml
+
+from tests.e2e.omni_server import REFERENCE_STAGES, start_server
+from tests.e2e.servers import free_port
+
+PROG = "vllm-omni serve: error: "
+FAST_S = 3.0
+
+
+def _serve(
+    *args: str, job_store: Path, timeout: float = 60.0
+) -> tuple[int, str, float]:
+    argv = [sys.executable, "-m", "vllm_omni.entrypoints.cli.main", "serve"]
+    argv += ["--job-store", str(job_store), *args]
+    start = time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    return done.returncode, done.stderr, time.monotonic() - start
+
+
+def _pipeline(directory: Path, document: Any) -> Path:
+    path = directory / "pipeline.yaml"
+    path.write_text(document if isinstance(document, str) else yaml.safe_dump(document))
+    return path
+
+
+GOOD: dict[str, Any] = {"model": "m", "stages": REFERENCE_STAGES}
+NO_GUARDRAIL = [s for s in REFERENCE_STAGES if s["kind"] != "guardrail"]
+
+
+@pytest.fixture
+def held_job_store(tmp_path: Path) -> Iterator[Path]:
+    """A job store whose lock another live process holds."""
+    store = tmp_path / "held" / "jobs.sqlite3"
+    store.parent.mkdir()
+    with Path(f"{store}.lock").open("a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        yield store
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield int(sock.getsockname()[1])
+
+
+def test_bad_yaml_names_file_line_and_column(tmp_path: Path) -> None:
+    path = _pipeline(tmp_path, "model: m\nstages: [\n  {id: 0, kind: text\n")
+    code, stderr, took = _serve("--pipeline", str(path), job_store=tmp_path / "j")
+    assert code == 2 and took < FAST_S
+    assert stderr == (
+        f"{PROG}{path}:4:1: not valid YAML: expected ',' or '}}', "
+        "but got '<stream end>'\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        (
+            {**GOOD, "stages": [{**REFERENCE_STAGES[0], "kind": "teleport"}]},
+            "invalid pipeline config at stages[0].kind: stage kind must be one of",
+        ),
+        (
+            {**GOOD, "stages": NO_GUARDRAIL, "guardrail": {"blocklist": ["x"]}},
+            "invalid pipeline config at guardrail.blocklist: a blocklist needs a "
+            "stage of kind 'guardrail' to enforce it",
+        ),
+    ],
+)
+def test_schema_errors_name_file_and_key_path(
+    tmp_path: Path, document: Any, message: str
+) -> None:
+    path = _pipeline(tmp_path, document)
+    code, stderr, took = _serve("--pipeline", str(path), job_store=tmp_path / "j")
+    assert code == 2 and took < FAST_S
+    assert stderr.startswith(f"{PROG}{path}: {message}")
+    assert stderr.count("\n") == 1
+
+
+def test_missing_file_says_it_does_not_exist(tmp_path: Path) -> None:
+    missing = tmp_path / "pipelnie.yaml"
+    code, stderr, took = _serve("--pipeline", str(missing), job_store=tmp_path / "j")
+    assert code == 2 and took < FAST_S
+    assert stderr == (
+        f"{PROG}pipeline file {missing} does not exist (built-in pipelines: "
+        "reference)\n"
+    )
+
+
+def test_job_store_held_by_another_server(held_job_store: Path) -> None:
+    code, stderr, took = _serve(job_store=held_job_store)
+    assert code == 2 and took < FAST_S
+    assert stderr == (
+        f"{PROG}the job store {held_job_store} is in use by another vllm-omni "
+        "server; give each server its own --job-store\n"
+    )
+
+
+def test_port_in_use(tmp_path: Path, busy_port: int) -> None:
+    code, stderr, took = _serve("--port", str(busy_port), job_store=tmp_path / "j")
+    assert code == 2 and took < FAST_S
+    assert stderr == (
+        f"{PROG}cannot listen on 127.0.0.1:{busy_port}: Address already in use\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--port", "http"), "argument --port: invalid int value: 'http'"),
+        (("--port", "70000"), "--port must be between 1 and 65535, not 70000"),
+        (
+            ("--error-mode", "lenient"),
+            "argument --error-mode: invalid choice: 'lenient' "
+            "(choose from 'strict', 'legacy')",
+        ),
+    ],
+)
+def test_bad_command_line(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
+    code, stderr, took = _serve(*args, job_store=tmp_path / "j")
+    assert code == 2 and took < FAST_S
+    assert stderr == f"{PROG}{message}\n"
+
+
+def test_fault_that_cannot_be_built_fails_startup_in_one_line(tmp_path: Path) -> None:
+    """Known only once vLLM's classes load, but still one line, no traceback."""
+    fault = {
+        "stage": 1,
+        "marker": "@x",
+        "action": "raise",
+        "exception": "vllm.exceptions:GenerationError",
+        "args": [1, 2, 3, 4],
+    }
+    path = _pipeline(tmp_path, {**GOOD, "faults": [fault]})
+    code, stderr, _ = _serve(
+        "--pipeline", str(path), "--port", str(free_port()), job_store=tmp_path / "j"
+    )
+    lines = [line for line in stderr.splitlines() if line.startswith(PROG)]
+    assert code == 1 and "Traceback" not in stderr, stderr[-3000:]
+    assert len(lines) == 1 and lines[0].startswith(
+        f"{PROG}{path}: invalid pipeline config at faults[0].args: "
+        "vllm.exceptions:GenerationError cannot be built from args/kwargs (TypeError:"
+    ), stderr[-3000:]
+
+
+_STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} "
+_GUARDRAIL_LINE = re.compile(
+    rf"^{_STAMP}INFO stage-0 \[log-probe-1\] stage 0 request log-probe-1 failed "
+    r"\(GuardrailViolationError 400\)$"
+)
+
+
+def test_no_process_of_the_server_tree_survives_sigterm(tmp_path: Path) -> None:
+    """Also: stage log lines are whole, stamped with time, stage and request."""
+    server = start_server(tmp_path)
+    try:
+        server.wait_ready()
+        refused = httpx.post(
+            server.base_url + "/v1/chat/completions",
+            headers={"X-Request-Id": "log-probe-1"},
+            json={
+                "model": "omni-reference",
+                "messages": [{"role": "user", "content": "about forbidden-topic"}],
+            },
+            timeout=30,
+        )
+        assert refused.status_code == 400
+        tree = psutil.Process(server.proc.pid).children(recursive=True)
+        # The launcher (forked from the server) and the six reference stages.
+        assert len(tree) == 7, tree
+        launchers = [p for p in tree if p.ppid() == server.proc.pid]
+        assert len(launchers) == 1
+        assert {p.ppid() for p in tree} == {server.proc.pid, launchers[0].pid}
+        server.proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        server.proc.wait(timeout=10)
+        time.sleep(max(0.0, sent + 2.0 - time.monotonic()))
+        assert [p.pid for p in tree if _running(p)] == [], server.log()[-3000:]
+    finally:
+        server.stop()
+    lines = server.log().splitlines()
+    assert len([line for line in lines if _GUARDRAIL_LINE.match(line)]) == 1
+    stage_lines = [line for line in lines if re.search(r" stage-\d+ \[", line)]
+    assert stage_lines and all(re.match(_STAMP, line) for line in stage_lines)
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

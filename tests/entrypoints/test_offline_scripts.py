@@ -1,0 +1,143 @@
+"""The offline API in a caller's own script, the way a new user runs it.
+
+The example of ``docs/errors/python.md`` (taken from the doc, so the test
+follows the doc) runs as a plain top-level script with no ``__main__`` guard
+and through standard input: stage processes must never re-run the caller's
+main module. The caller's stderr gets no INFO line and no traceback unless
+the caller configured logging, and no helper process outlives ``close()``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PYTHON_DOC = ROOT / "docs" / "errors" / "python.md"
+_TIMEOUT_S = 240
+
+
+def _doc_example() -> str:
+    """The first ``python`` block of the doc."""
+    match = re.search(r"```python\n(.*?)```", PYTHON_DOC.read_text(), re.DOTALL)
+    assert match is not None, "docs/errors/python.md has no python example"
+    return match.group(1)
+
+
+def _documented_values(example: str) -> dict[str, str]:
+    """``exc.details.FIELD  # VALUE`` comments of the example, by field."""
+    values = {}
+    for field, comment in re.findall(r"exc\.details\.(\w+)\W*#\s*(\S+)", example):
+        values.setdefault(field, comment.strip('":,'))
+    return values
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def _run(argv: list[str], cwd: Path, stdin: str | None = None) -> tuple[str, str]:
+    done = subprocess.run(
+        argv,
+        cwd=cwd,
+        env=_env(),
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=_TIMEOUT_S,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout, done.stderr
+
+
+@pytest.mark.parametrize("how", ["script", "stdin"])
+def test_python_doc_example_runs_as_a_plain_script(how: str, tmp_path: Path) -> None:
+    example = _doc_example()
+    assert 'if __name__ == "__main__"' not in example
+    script = tmp_path / "example.py"
+    script.write_text(example)
+    if how == "script":
+        stdout, stderr = _run([sys.executable, str(script)], tmp_path)
+    else:
+        stdout, stderr = _run([sys.executable, "-"], tmp_path, stdin=example)
+    printed = stdout.strip().splitlines()
+    assert len(printed) == 1, stdout
+    fields = re.findall(r"exc\.details\.(\w+)", example.split("except", 2)[1])
+    got = dict(zip(fields, printed[0].split(" ", len(fields) - 1), strict=True))
+    documented = _documented_values(example)
+    for field in ("status_code", "error_type", "stage_id"):
+        assert got[field] == documented[field], (field, got, documented)
+    assert (got["status_code"], got["error_type"]) == ("400", "GuardrailViolationError")
+    # Nobody configured logging: no stage INFO line, no traceback.
+    assert " INFO " not in stderr and "Traceback" not in stderr, stderr
+
+
+_CONFIGURED = """
+import json, logging, time
+import psutil
+logging.basicConfig(level=logging.INFO)
+from vllm_omni import Omni
+omni = Omni(pipeline="reference")
+out = omni.generate("forbidden-topic", raise_on_error=False)
+print(out.request_id, out.details.error_type, flush=True)
+print(json.dumps([p.pid for p in psutil.Process().children(recursive=True)]))
+omni.close()
+print("closed", flush=True)
+time.sleep(30)
+"""
+
+_STAMPED = re.compile(
+    r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO stage-0 \[(?P<rid>[^\]]+)\] "
+    r"stage 0 request (?P=rid) failed \(GuardrailViolationError 400\)$"
+)
+
+
+def test_logging_config_is_followed_and_no_helper_outlives_close(
+    tmp_path: Path,
+) -> None:
+    """With ``logging`` configured, stage lines carry a timestamp, the stage id
+    and the request id; 2 s after ``close()`` no helper process is left."""
+    stderr_path = tmp_path / "stderr.txt"
+    with stderr_path.open("w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-"],
+            cwd=tmp_path,
+            env=_env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(_CONFIGURED)
+    proc.stdin.close()
+    try:
+        request_id, error_type = proc.stdout.readline().split()
+        helpers = json.loads(proc.stdout.readline())
+        # The launcher and the six reference stages.
+        assert len(helpers) == 7, helpers
+        assert proc.stdout.readline().strip() == "closed"
+        time.sleep(2.0)
+        assert [pid for pid in helpers if _running(pid)] == []
+    finally:
+        proc.kill()
+        proc.wait()
+    assert error_type == "GuardrailViolationError"
+    lines = stderr_path.read_text().splitlines()
+    stamped = [m for m in map(_STAMPED.match, lines) if m]
+    assert [m["rid"] for m in stamped] == [request_id], lines[-40:]
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
