@@ -42,7 +42,7 @@ def serve_in_thread(app: ASGIApp, *, timeout: float = 20.0) -> Iterator[str]:
         thread.join(timeout=10)
 
 
-def wait_until_up(url: str, *, path: str = "/v1/ok", timeout: float = 60.0) -> None:
+def wait_until_up(url: str, *, path: str = "/v1/ok", timeout: float = 180.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
