@@ -48,6 +48,19 @@ def make_parser() -> argparse.ArgumentParser:
         help="SQLite file for async video jobs (survives restarts)",
     )
     parser.add_argument(
+        "--worker-backend",
+        choices=("multi_process", "ray"),
+        default=None,
+        help="run stages as local processes (default) or as Ray actors "
+        "(pip install 'vllm-omni[ray]'); overrides the pipeline's worker_backend",
+    )
+    parser.add_argument(
+        "--ray-address",
+        default=None,
+        help="with --worker-backend ray: join this cluster (HOST:PORT); "
+        "default: start a local Ray instance on 127.0.0.1 with the server",
+    )
+    parser.add_argument(
         "--log-level",
         default="info",
         choices=("debug", "info", "warning", "error"),

@@ -1,0 +1,280 @@
+"""The Ray worker backend: each stage runs as a Ray actor.
+
+Owns everything Ray-specific, so that ``import vllm_omni`` and the default
+``multi_process`` backend never import Ray (it is imported the first time a
+``RayStageLauncher`` prepares):
+
+- joining a cluster (``ray_address``) or starting a local Ray instance bound
+  to 127.0.0.1 that lives and dies with the engine;
+- one actor per stage, placed by the stage's ``ray:`` options, whose single
+  long-running ``run`` call is the unmodified ``StageWorker`` connected to
+  the orchestrator's ROUTER over ``tcp://``. Requests, outputs and error
+  records ride that ZMQ wire exactly as with local processes, so a stage
+  normalizes once and the record crosses the boundary unchanged (see
+  ``docs/errors/stages.md`` for why the wire is not Ray calls);
+- Ray's own failure modes, mapped once (``RAY_FAILURES``): placement or actor
+  start that misses ``stage_init_timeout_s`` is a startup error naming the
+  stage and the resources it waits for; the end of a stage's ``run`` call
+  (actor killed, its node lost, its worker OOM-killed, or a ``RayTaskError``
+  out of the actor itself) is reported to the orchestrator, which marks the
+  engine dead with that stage id.
+
+It must not classify stage errors (the worker does) or mark the engine dead
+itself (the orchestrator does); reasons it reports go to the server log and
+``OmniEngineDeadError.reason``, never to a client, which sees the generic
+dead-engine message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from vllm_omni.config import PipelineConfig, StageConfig
+from vllm_omni.engine.stage_worker import StageWorker, WorkerSpec
+from vllm_omni.errors import OmniEngineDeadError, OmniServiceUnavailableError
+
+__all__ = ["RAY_FAILURES", "RayStageLauncher", "describe_exit"]
+
+logger = logging.getLogger(__name__)
+
+# A stage on another host is also dropped when the orchestrator goes silent
+# (Ray's owner fate-sharing normally ends it first).
+_ORCHESTRATOR_TIMEOUT_S = 30.0
+# Ray failure class name → why the stage's run call ended, as logged and
+# kept in OmniEngineDeadError.reason. Names, not classes: Ray stays unimported.
+RAY_FAILURES: Mapping[str, str] = {
+    "ActorDiedError": "its Ray actor died (killed, node lost or out of memory)",
+    "ActorUnavailableError": "its Ray actor became unreachable",
+    "OutOfMemoryError": "its Ray worker was killed for running out of memory",
+    "NodeDiedError": "its Ray node died",
+    "WorkerCrashedError": "its Ray worker process crashed",
+    "RayTaskError": "the stage actor raised outside any request",
+    "GetTimeoutError": "its Ray actor did not answer in time",
+    "RaySystemError": "the Ray cluster became unreachable",
+}
+
+
+def describe_exit(error: BaseException | None, exit_code: object = None) -> str:
+    """Why a stage's ``run`` call ended, without Ray's remote traceback or
+    addresses (those stay in the log line of the full exception)."""
+    if error is None:
+        return f"stage actor exited with code {exit_code}"
+    for cls in type(error).__mro__:
+        reason = RAY_FAILURES.get(cls.__name__)
+        if reason is not None:
+            return f"{reason} ({type(error).__name__})"
+    return f"its Ray actor failed ({type(error).__name__})"
+
+
+class _StageActor:
+    """The body of a stage's Ray actor: runs one ``StageWorker`` to its end."""
+
+    def run(self, spec: WorkerSpec) -> int:
+        logging.basicConfig(
+            level=logging.INFO,
+            format=f"%(levelname)s stage-{spec.stage.id} %(message)s",
+        )
+        worker = StageWorker(spec)
+        try:
+            return asyncio.run(worker.serve())
+        finally:
+            worker.close()
+
+
+def _actor_options(stage: StageConfig, name: str, namespace: str) -> dict[str, Any]:
+    options: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "num_cpus": stage.ray.num_cpus,
+        "num_gpus": stage.ray.num_gpus,
+        # A dead stage is the engine's death (DESIGN §6): never restart it
+        # behind the orchestrator's back.
+        "max_restarts": 0,
+        "max_task_retries": 0,
+        "max_concurrency": 1,
+    }
+    if stage.ray.resources:
+        options["resources"] = dict(stage.ray.resources)
+    if stage.ray.label_selector:
+        options["label_selector"] = dict(stage.ray.label_selector)
+    return options
+
+
+def _wanted(stage: StageConfig) -> dict[str, float]:
+    wanted = {"CPU": stage.ray.num_cpus, "GPU": stage.ray.num_gpus}
+    wanted.update(stage.ray.resources)
+    return {name: amount for name, amount in wanted.items() if amount > 0}
+
+
+def _missing(stage: StageConfig, total: Mapping[str, float]) -> str:
+    """The resources a stage waits for: absent from the cluster, else busy."""
+    wanted = _wanted(stage)
+    absent = {k: v for k, v in wanted.items() if total.get(k, 0.0) < v}
+    labels = ", ".join(f"{k}={v}" for k, v in stage.ray.label_selector.items())
+    parts = [f"{k}={v:g}" for k, v in sorted((absent or wanted).items())]
+    if labels:
+        parts.append(f"labels {labels}")
+    what = ", ".join(parts) or "a worker process"
+    return f"{'missing' if absent else 'busy'}: {what}"
+
+
+class RayStageLauncher:
+    """Starts a pipeline's stages as Ray actors and reports when they end."""
+
+    def __init__(
+        self,
+        *,
+        address: str | None = None,
+        stage_init_timeout_s: float = 120.0,
+    ) -> None:
+        self._address = address
+        self._stage_init_timeout_s = stage_init_timeout_s
+        self._namespace = f"vllm-omni-{uuid.uuid4().hex[:12]}"
+        self._owns_ray = False
+        self._actors: dict[int, Any] = {}
+        self._runs: dict[int, Any] = {}
+        self._waiters: list[asyncio.Task[None]] = []
+
+    @property
+    def namespace(self) -> str:
+        """The Ray namespace of this engine's actors (``omni-stage-<id>``)."""
+        return self._namespace
+
+    # -- StageLauncher -----------------------------------------------------------
+
+    def prepare(self) -> str:
+        if self._address is None and "ray" not in sys.modules:
+            # Ray binds a local instance to this host's public address unless
+            # told it is not a cluster; read once, when Ray is first imported.
+            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        import ray
+
+        if not ray.is_initialized():
+            try:
+                ray.init(
+                    address=self._address,
+                    include_dashboard=False,
+                    namespace=self._namespace,
+                    log_to_driver=True,
+                    configure_logging=False,
+                )
+            except Exception as exc:
+                logger.error("could not start or join Ray", exc_info=exc)
+                raise OmniServiceUnavailableError(
+                    f"The Ray cluster is unreachable ({type(exc).__name__})."
+                ) from None
+            self._owns_ray = True
+        return str(ray.util.get_node_ip_address())
+
+    async def launch(
+        self,
+        pipeline: PipelineConfig,
+        address: str,
+        on_exit: Callable[[int, str], None],
+    ) -> None:
+        import ray
+
+        actor_class = ray.remote(_StageActor)
+        for stage in pipeline.stages:
+            options = _actor_options(stage, f"omni-stage-{stage.id}", self._namespace)
+            self._actors[stage.id] = actor_class.options(**options).remote()
+        placed = {
+            stage.id: asyncio.wrap_future(
+                self._actors[stage.id].__ray_ready__.remote().future()
+            )
+            for stage in pipeline.stages
+        }
+        _, pending = await asyncio.wait(
+            placed.values(), timeout=self._stage_init_timeout_s
+        )
+        for stage in pipeline.stages:
+            future = placed[stage.id]
+            if future in pending:
+                future.cancel()
+                continue
+            error = future.exception()
+            if error is not None:
+                logger.error("stage %d actor failed to start", stage.id, exc_info=error)
+                raise OmniEngineDeadError(
+                    stage_id=stage.id,
+                    reason=f"stage failed to start: {describe_exit(error)}",
+                )
+        if pending:
+            total = ray.cluster_resources()
+            waiting = [s for s in pipeline.stages if placed[s.id] in pending]
+            stage = waiting[0]
+            reason = (
+                f"stage {stage.id} ({stage.name}) was not placed on the Ray "
+                f"cluster within {self._stage_init_timeout_s:g} s "
+                f"({_missing(stage, total)})"
+            )
+            logger.error(
+                "%s; also waiting: %s",
+                reason,
+                ", ".join(str(s.id) for s in waiting[1:]) or "none",
+            )
+            raise OmniEngineDeadError(stage_id=stage.id, reason=reason)
+        for stage in pipeline.stages:
+            spec = WorkerSpec(
+                stage=stage,
+                pipeline=pipeline,
+                address=address,
+                orchestrator_timeout_s=_ORCHESTRATOR_TIMEOUT_S,
+            )
+            run = self._actors[stage.id].run.remote(spec)
+            self._runs[stage.id] = run
+            self._waiters.append(
+                asyncio.create_task(
+                    self._wait_exit(stage.id, run, on_exit),
+                    name=f"omni-ray-stage-{stage.id}",
+                )
+            )
+
+    def stop(self, timeout_s: float) -> None:
+        for waiter in self._waiters:
+            waiter.cancel()
+        if "ray" not in sys.modules:
+            return
+        import ray
+
+        if not ray.is_initialized():
+            return
+        # The orchestrator already sent Shutdown: give the workers a moment
+        # to close their stages, then make sure no actor outlives the engine.
+        if self._runs:
+            ray.wait(
+                list(self._runs.values()),
+                num_returns=len(self._runs),
+                timeout=max(0.1, timeout_s),
+            )
+        for actor in self._actors.values():
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+        self._actors.clear()
+        self._runs.clear()
+        if self._owns_ray:
+            ray.shutdown()
+            self._owns_ray = False
+
+    # -- liveness ----------------------------------------------------------------
+
+    async def _wait_exit(
+        self, stage_id: int, run: Any, on_exit: Callable[[int, str], None]
+    ) -> None:
+        try:
+            code = await asyncio.wrap_future(run.future())
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # Full text (remote traceback, node address) for the operator only.
+            logger.error("stage %d Ray actor ended", stage_id, exc_info=exc)
+            on_exit(stage_id, describe_exit(exc))
+            return
+        on_exit(stage_id, describe_exit(None, code))
