@@ -38,7 +38,11 @@ from typing import Any
 
 from vllm_omni.config import PipelineConfig, StageConfig
 from vllm_omni.engine.stage_worker import StageWorker, WorkerSpec
-from vllm_omni.errors import OmniEngineDeadError, OmniServiceUnavailableError
+from vllm_omni.errors import (
+    OmniEngineDeadError,
+    OmniServiceUnavailableError,
+    normalize,
+)
 
 __all__ = ["RAY_FAILURES", "RayStageLauncher", "describe_exit"]
 
@@ -73,6 +77,14 @@ def describe_exit(error: BaseException | None, exit_code: object = None) -> str:
     return f"its Ray actor failed ({type(error).__name__})"
 
 
+def _startup_error(stage_id: int, reason: str) -> OmniEngineDeadError:
+    """A stage that never started: fatal for the engine, like a local stage
+    whose process failed to start."""
+    error = OmniEngineDeadError(stage_id=stage_id, reason=reason)
+    error.details = normalize(error)
+    return error
+
+
 class _StageActor:
     """The body of a stage's Ray actor: runs one ``StageWorker`` to its end."""
 
@@ -98,6 +110,8 @@ def _actor_options(stage: StageConfig, name: str, namespace: str) -> dict[str, A
         # behind the orchestrator's back.
         "max_restarts": 0,
         "max_task_retries": 0,
+        # The stage's run call owns the actor's main thread for its lifetime
+        # (its event loop installs signal handlers, which only that thread may).
         "max_concurrency": 1,
     }
     if stage.ray.resources:
@@ -113,16 +127,19 @@ def _wanted(stage: StageConfig) -> dict[str, float]:
     return {name: amount for name, amount in wanted.items() if amount > 0}
 
 
-def _missing(stage: StageConfig, total: Mapping[str, float]) -> str:
-    """The resources a stage waits for: absent from the cluster, else busy."""
-    wanted = _wanted(stage)
-    absent = {k: v for k, v in wanted.items() if total.get(k, 0.0) < v}
-    labels = ", ".join(f"{k}={v}" for k, v in stage.ray.label_selector.items())
-    parts = [f"{k}={v:g}" for k, v in sorted((absent or wanted).items())]
-    if labels:
-        parts.append(f"labels {labels}")
-    what = ", ".join(parts) or "a worker process"
-    return f"{'missing' if absent else 'busy'}: {what}"
+def _absent(stage: StageConfig, total: Mapping[str, float]) -> dict[str, float]:
+    """What a stage asks for beyond what the whole cluster has."""
+    return {k: v for k, v in _wanted(stage).items() if total.get(k, 0.0) < v}
+
+
+def _waiting_for(stage: StageConfig, total: Mapping[str, float]) -> str:
+    """The resources a stage waits for: those the cluster lacks, else all it
+    asked for (then they are busy, or the actor is still starting)."""
+    absent = _absent(stage, total)
+    parts = [f"{k}={v:g}" for k, v in sorted((absent or _wanted(stage)).items())]
+    parts += [f"label {k}={v}" for k, v in stage.ray.label_selector.items()]
+    what = ", ".join(parts) or "no resources"
+    return f"missing: {what}" if absent else f"requested: {what}"
 
 
 class RayStageLauncher:
@@ -202,25 +219,26 @@ class RayStageLauncher:
             error = future.exception()
             if error is not None:
                 logger.error("stage %d actor failed to start", stage.id, exc_info=error)
-                raise OmniEngineDeadError(
-                    stage_id=stage.id,
-                    reason=f"stage failed to start: {describe_exit(error)}",
+                raise _startup_error(
+                    stage.id, f"stage failed to start: {describe_exit(error)}"
                 )
         if pending:
             total = ray.cluster_resources()
             waiting = [s for s in pipeline.stages if placed[s.id] in pending]
+            # Name a stage the cluster cannot place at all before a slow one.
+            waiting.sort(key=lambda s: not _absent(s, total))
             stage = waiting[0]
             reason = (
                 f"stage {stage.id} ({stage.name}) was not placed on the Ray "
                 f"cluster within {self._stage_init_timeout_s:g} s "
-                f"({_missing(stage, total)})"
+                f"({_waiting_for(stage, total)})"
             )
             logger.error(
                 "%s; also waiting: %s",
                 reason,
                 ", ".join(str(s.id) for s in waiting[1:]) or "none",
             )
-            raise OmniEngineDeadError(stage_id=stage.id, reason=reason)
+            raise _startup_error(stage.id, reason)
         for stage in pipeline.stages:
             spec = WorkerSpec(
                 stage=stage,
