@@ -5,8 +5,9 @@ import that this host is not a cluster, so everything stays on 127.0.0.1):
 
 - ``request latency, ray / multi_process``: the reference pipeline started
   on both backends side by side; the median latency of the same sequence of
-  requests (text, then text + audio) on each, interleaved so both see the
-  same machine load. The ratio is the Ray backend's per-request overhead
+  requests (three text, one text + audio, repeated) on each, interleaved so
+  both see the same machine load, after a few warm-up requests. The ratio
+  is the Ray backend's per-request overhead
   (messages ride the same ZMQ wire, over ``tcp://`` instead of ``ipc://``).
 - ``node loss to last in-flight failure``: a ``ray.cluster_utils.Cluster``
   (head + two nodes, Ray health checks every 300 ms) with the talker pinned
@@ -31,6 +32,8 @@ from typing import Any
 
 DETECTION_GOAL_S = 2.0
 _REQUESTS = 40
+_WARMUP = 4
+_SETTLE_S = 5.0
 _IN_FLIGHT = 4
 _FAST_FAILURE_DETECTION = {
     "health_check_initial_delay_ms": 0,
@@ -59,6 +62,12 @@ async def _overhead() -> dict[str, float]:
     }
     await asyncio.gather(*(engine.start() for engine in engines.values()))
     try:
+        # Let Ray's freshly started idle workers finish booting, and warm
+        # both wires, before measuring.
+        await asyncio.sleep(_SETTLE_S)
+        for index in range(_WARMUP):
+            for engine in engines.values():
+                await _latencies(engine, -1 - index)
         samples: dict[str, list[float]] = {name: [] for name in engines}
         for index in range(_REQUESTS):
             for name, engine in engines.items():

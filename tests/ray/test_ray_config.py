@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+import time
 from typing import Any
 
 import pytest
@@ -14,10 +16,10 @@ from ray.exceptions import (
 )
 
 from vllm_omni.config import RayStageOptions, pipeline_from_mapping
-from vllm_omni.engine.ray_backend import describe_exit
+from vllm_omni.engine.ray_backend import RayStageLauncher, describe_exit
 from vllm_omni.entrypoints.async_omni import AsyncOmni
 from vllm_omni.entrypoints.cli.serve import make_parser
-from vllm_omni.errors import VLLMValidationError
+from vllm_omni.errors import OmniServiceUnavailableError, VLLMValidationError
 
 
 def _doc(**extra: Any) -> dict[str, Any]:
@@ -152,3 +154,17 @@ def test_exit_reasons_carry_no_ray_text(
     error: BaseException | None, code: int | None, reason: str
 ) -> None:
     assert describe_exit(error, code) == reason
+
+
+def test_unreachable_cluster_fails_fast_without_its_address() -> None:
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{unused.getsockname()[1]}"
+    started = time.monotonic()
+    with pytest.raises(OmniServiceUnavailableError) as caught:
+        RayStageLauncher(address=address).prepare()
+    assert time.monotonic() - started < 10
+    assert (
+        str(caught.value) == "The Ray cluster is unreachable (ConnectionRefusedError)."
+    )
+    assert address not in str(caught.value)

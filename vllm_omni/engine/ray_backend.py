@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
 import sys
 import uuid
 from collections.abc import Callable, Mapping
@@ -51,6 +52,7 @@ logger = logging.getLogger(__name__)
 # A stage on another host is also dropped when the orchestrator goes silent
 # (Ray's owner fate-sharing normally ends it first).
 _ORCHESTRATOR_TIMEOUT_S = 30.0
+_CONNECT_TIMEOUT_S = 10.0
 # Ray failure class name → why the stage's run call ended, as logged and
 # kept in OmniEngineDeadError.reason. Names, not classes: Ray stays unimported.
 RAY_FAILURES: Mapping[str, str] = {
@@ -176,6 +178,7 @@ class RayStageLauncher:
         import ray
 
         if not ray.is_initialized():
+            self._check_reachable()
             try:
                 ray.init(
                     address=self._address,
@@ -191,6 +194,21 @@ class RayStageLauncher:
                 ) from None
             self._owns_ray = True
         return str(ray.util.get_node_ip_address())
+
+    def _check_reachable(self) -> None:
+        """Fail fast on a cluster address nothing listens at: ``ray.init``
+        itself retries such an address for minutes."""
+        host, _, port = (self._address or "").rpartition(":")
+        if not host or not port.isdigit():
+            return  # no address, "auto", or a scheme Ray resolves itself
+        try:
+            timeout = min(self._stage_init_timeout_s, _CONNECT_TIMEOUT_S)
+            socket.create_connection((host, int(port)), timeout=timeout).close()
+        except OSError as exc:
+            logger.error("Ray cluster %s unreachable: %s", self._address, exc)
+            raise OmniServiceUnavailableError(
+                f"The Ray cluster is unreachable ({type(exc).__name__})."
+            ) from None
 
     async def launch(
         self,
