@@ -148,6 +148,7 @@ def _task_error() -> BaseException:
         ),
         (KeyError("x"), None, "its Ray actor failed (KeyError)"),
         (None, 0, "stage actor exited with code 0 (its Ray node was lost)"),
+        (None, 1, "stage actor exited with code 1"),
     ],
 )
 def test_exit_reasons_carry_no_ray_text(

@@ -71,9 +71,11 @@ def describe_exit(error: BaseException | None, exit_code: object = None) -> str:
     """Why a stage's ``run`` call ended, without Ray's remote traceback or
     addresses (those stay in the log line of the full exception)."""
     if error is None:
-        # A worker returns by itself only when orphaned: its raylet (node)
-        # went away or the orchestrator fell silent.
-        return f"stage actor exited with code {exit_code} (its Ray node was lost)"
+        if exit_code == 0:
+            # A worker returns 0 unasked only when orphaned: its raylet (its
+            # node) went away, or the orchestrator fell silent.
+            return "stage actor exited with code 0 (its Ray node was lost)"
+        return f"stage actor exited with code {exit_code}"
     for cls in type(error).__mro__:
         reason = RAY_FAILURES.get(cls.__name__)
         if reason is not None:
