@@ -26,6 +26,7 @@ from tests.engine.engines import collect
 from tests.ray.drills import FAST_FAILURE_DETECTION, drill_pipeline
 from vllm_omni.config import pipeline_from_mapping
 from vllm_omni.entrypoints.async_omni import AsyncOmni
+from vllm_omni.entrypoints.omni import Omni
 from vllm_omni.errors import (
     EngineDeadError,
     OmniClientError,
@@ -186,6 +187,27 @@ async def test_placement_that_cannot_happen_is_a_startup_error(
     namespace = engine._orchestrator._launcher.namespace  # type: ignore[union-attr]
     named = ray.util.list_named_actors(all_namespaces=True)
     assert [a for a in named if a["namespace"] == namespace] == []
+
+
+def test_offline_omni_runs_on_ray(local_ray: None) -> None:
+    """``Omni`` takes the same backend arguments (on its own loop thread)."""
+    pipeline = pipeline_from_mapping(
+        {
+            "model": "omni-offline",
+            "stages": [{"id": 0, "name": "thinker", "kind": "text"}],
+            "faults": [{"stage": 0, "marker": "@boom", "action": "raise"}],
+        }
+    )
+    with Omni(pipeline, worker_backend="ray") as omni:
+        assert omni.engine.worker_backend == "ray"
+        assert omni.generate("offline hello").text == "You said: offline hello"
+        with pytest.raises(OmniEngineGenerateError) as caught:
+            omni.generate("x @boom")
+        assert caught.value.details is not None
+        assert (caught.value.details.status_code, caught.value.details.stage_id) == (
+            500,
+            0,
+        )
 
 
 async def test_killed_actor_fails_every_in_flight_request(

@@ -19,7 +19,7 @@ import pytest
 pytestmark = pytest.mark.timeout(180)
 
 _PROBE = """
-import asyncio, json, psutil, ray
+import asyncio, json, psutil
 from vllm_omni.config import pipeline_from_mapping
 from vllm_omni.entrypoints.async_omni import AsyncOmni
 
@@ -29,6 +29,7 @@ async def main():
         {"model": "m", "worker_backend": "ray", "stages": [{"id": 0, "kind": "text"}]}
     ))
     await engine.start()
+    import ray  # after start, as a server would: the engine imports Ray first
     text = [o async for o in engine.generate("hi", request_id="r1")][-1].text
     ray_processes = me.children(recursive=True)
     listening = sorted({

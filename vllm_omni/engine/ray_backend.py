@@ -175,7 +175,8 @@ class RayStageLauncher:
     def prepare(self) -> str:
         if self._address is None and "ray" not in sys.modules:
             # Ray binds a local instance to this host's public address unless
-            # told it is not a cluster; read once, when Ray is first imported.
+            # told it is not a cluster; read once, when Ray is first imported
+            # (a caller who imported Ray earlier sets it, or runs ray start).
             os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         import ray
 
