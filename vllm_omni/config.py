@@ -26,6 +26,18 @@ Schema::
          exception: "vllm.exceptions:VLLMNotFoundError", args: ["gone"]}
       - {stage: talker, marker: "@exit", action: exit}        # os._exit(1)
       - {stage: 1, marker: "@hang", action: hang}             # past the deadline
+
+Running the stages as Ray actors (``worker_backend: ray``; the engine's
+``worker_backend``/``ray_address`` arguments and ``vllm-omni serve
+--worker-backend/--ray-address`` override these keys)::
+
+    worker_backend: ray           # multi_process (default) | ray
+    ray_address: 10.0.0.1:6379    # join this cluster; absent: a local instance
+    stage_init_timeout_s: 120     # placement + actor start, per stage
+    stages:
+      - {id: 1, kind: text, ray: {num_cpus: 1, num_gpus: 1,
+                                  resources: {big_node: 1},
+                                  label_selector: {zone: a}}}
 """
 
 from __future__ import annotations
@@ -45,8 +57,10 @@ __all__ = [
     "FaultConfig",
     "PipelineConfig",
     "PipelineConfigError",
+    "RayStageOptions",
     "StageConfig",
     "StageKind",
+    "WorkerBackend",
     "check_pipeline",
     "load_pipeline",
     "pipeline_from_mapping",
@@ -54,11 +68,44 @@ __all__ = [
 
 StageKind = Literal["text", "talker", "vocoder", "image", "video", "guardrail", "vllm"]
 FaultAction = Literal["raise", "exit", "hang"]
+WorkerBackend = Literal["multi_process", "ray"]
 BUILTIN_PIPELINES = ("reference",)
 
-_STAGE_KEYS = {"id", "name", "kind", "timeout_s", "remote", "legacy_wire", "options"}
+_STAGE_KEYS = {
+    "id",
+    "name",
+    "kind",
+    "timeout_s",
+    "remote",
+    "legacy_wire",
+    "options",
+    "ray",
+}
 _FAULT_KEYS = {"stage", "marker", "action", "exception", "args", "kwargs"}
-_TOP_KEYS = {"model", "stages", "guardrail", "faults"}
+_TOP_KEYS = {
+    "model",
+    "stages",
+    "guardrail",
+    "faults",
+    "worker_backend",
+    "ray_address",
+    "stage_init_timeout_s",
+}
+_RAY_KEYS = {"num_cpus", "num_gpus", "resources", "label_selector"}
+
+
+@dataclass(frozen=True, slots=True)
+class RayStageOptions:
+    """Where a stage's Ray actor may be placed (``worker_backend: ray`` only)."""
+
+    # Reference stages are light; a stage that needs a CPU or GPU of its own
+    # says so, like upstream actors that reserve nothing unless asked.
+    num_cpus: float = 0.0
+    num_gpus: float = 0.0
+    # Custom resources (a node started with ``--resources`` offers them).
+    resources: Mapping[str, float] = field(default_factory=dict)
+    # Node labels the actor must land on (``ray start --labels``).
+    label_selector: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +121,7 @@ class StageConfig:
     # Send errors with only the 0.30 flat fields (for a strict old orchestrator).
     legacy_wire: bool = False
     options: Mapping[str, Any] = field(default_factory=dict)
+    ray: RayStageOptions = field(default_factory=RayStageOptions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +146,9 @@ class PipelineConfig:
     guardrail_blocklist: tuple[str, ...] = ()
     faults: tuple[FaultConfig, ...] = ()
     source: str = "<memory>"
+    worker_backend: WorkerBackend = "multi_process"
+    ray_address: str | None = None
+    stage_init_timeout_s: float = 120.0
 
     def stage(self, stage_id: int) -> StageConfig:
         for stage in self.stages:
@@ -140,6 +191,37 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _ray_options(raw: object, where: str) -> RayStageOptions:
+    if not isinstance(raw, Mapping):
+        _reject("ray must be a mapping", where)
+    _check_keys(raw, _RAY_KEYS, where)
+    for key in ("num_cpus", "num_gpus"):
+        value = raw.get(key, 0)
+        if not _is_number(value) or value < 0:
+            _reject(f"{key} must be a non-negative number", f"{where}.{key}")
+    resources = raw.get("resources", {})
+    if not isinstance(resources, Mapping) or not all(
+        isinstance(k, str) and k and _is_number(v) and v > 0
+        for k, v in resources.items()
+    ):
+        _reject("resources must map names to positive numbers", f"{where}.resources")
+    labels = raw.get("label_selector", {})
+    if not isinstance(labels, Mapping) or not all(
+        isinstance(k, str) and k and isinstance(v, str) for k, v in labels.items()
+    ):
+        _reject("label_selector must map strings to strings", f"{where}.label_selector")
+    return RayStageOptions(
+        num_cpus=float(raw.get("num_cpus", 0)),
+        num_gpus=float(raw.get("num_gpus", 0)),
+        resources={k: float(v) for k, v in resources.items()},
+        label_selector=dict(labels),
+    )
+
+
 def _stage(raw: object, index: int) -> StageConfig:
     where = f"stages[{index}]"
     if not isinstance(raw, Mapping):
@@ -175,6 +257,7 @@ def _stage(raw: object, index: int) -> StageConfig:
         remote=raw.get("remote", False),
         legacy_wire=raw.get("legacy_wire", False),
         options=dict(options),
+        ray=_ray_options(raw.get("ray", {}), f"{where}.ray"),
     )
 
 
@@ -272,12 +355,31 @@ def _from_mapping(data: object, *, source: str, build_faults: bool) -> PipelineC
     if build_faults:
         for index, fault in enumerate(faults):
             _check_fault_exception(fault, f"faults[{index}]")
+    backend = data.get("worker_backend", "multi_process")
+    if backend not in get_args(WorkerBackend):
+        _reject(
+            f"worker_backend must be one of {get_args(WorkerBackend)}",
+            "worker_backend",
+        )
+    ray_address = data.get("ray_address")
+    if ray_address is not None and (
+        not isinstance(ray_address, str) or not ray_address
+    ):
+        _reject("ray_address must be a non-empty string", "ray_address")
+    init_timeout = data.get("stage_init_timeout_s", 120.0)
+    if not _is_number(init_timeout) or init_timeout <= 0:
+        _reject(
+            "stage_init_timeout_s must be a positive number", "stage_init_timeout_s"
+        )
     return PipelineConfig(
         model=model,
         stages=stages,
         guardrail_blocklist=tuple(blocklist),
         faults=faults,
         source=source,
+        worker_backend=cast(WorkerBackend, backend),
+        ray_address=ray_address,
+        stage_init_timeout_s=float(init_timeout),
     )
 
 

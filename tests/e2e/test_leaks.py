@@ -6,6 +6,11 @@ a memory address; a validation error also carries a rejected value. They are
 pushed through HTTP, SSE, WebSocket and an async job, then every public
 output — bodies, headers, stream events, the job store's bytes on disk, the
 server's INFO log lines and the metric labels — is scanned for them.
+
+``find_ray_leaks`` adds what the Ray worker backend must hide (Ray's remote
+tracebacks, actor titles, node ids, the cluster address); the real scan of a
+Ray-backed server runs in ``tests/ray/test_ray_cluster.py``, which owns the
+cluster.
 """
 
 from __future__ import annotations
@@ -26,6 +31,26 @@ CHAT = "/v1/chat/completions"
 def find_leaks(text: str) -> list[str]:
     """The private strings present in ``text``."""
     return [secret for secret in LEAK_SECRETS if secret in text]
+
+
+# What the Ray backend must never show a client: Ray's remote traceback and
+# its exception names, actor and process titles, ids and the cluster address.
+RAY_MARKERS: tuple[str, ...] = (
+    "ray::",
+    "RayTaskError",
+    "ActorDiedError",
+    "ActorUnavailableError",
+    "actor_id",
+    "node_id",
+    "ip=",
+    "_StageActor",
+)
+
+
+def find_ray_leaks(text: str, cluster_address: str, node_ids: list[str]) -> list[str]:
+    """The Ray internals present in ``text`` (``tests/ray`` scans with this)."""
+    private = (*RAY_MARKERS, cluster_address, *node_ids)
+    return [secret for secret in private if secret and secret in text]
 
 
 def _http(server: OmniServer) -> str:
@@ -147,3 +172,26 @@ def test_planted_leak_is_found(tmp_path: Path) -> None:
     log = tmp_path / "server.log"
     log.write_text("2026 INFO x: token hf_LEAKLEAKLEAK42\n")
     assert find_leaks(log.read_text()) == ["hf_LEAKLEAKLEAK42"]
+
+
+def test_planted_ray_leak_is_found() -> None:
+    """A body echoing a Ray task error is caught: its name, actor title, node
+    id and the cluster address."""
+    node = "9f2c" * 14
+    planted = json.dumps(
+        {
+            "error": {
+                "message": "ray::_StageActor.run() (pid=1, ip=10.0.0.7, "
+                f"actor_id=ab12) RayTaskError on {node} via 10.0.0.7:6379"
+            }
+        }
+    )
+    assert find_ray_leaks(planted, "10.0.0.7:6379", [node]) == [
+        "ray::",
+        "RayTaskError",
+        "actor_id",
+        "ip=",
+        "_StageActor",
+        "10.0.0.7:6379",
+        node,
+    ]

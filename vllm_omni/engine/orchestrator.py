@@ -22,6 +22,10 @@ into results or exceptions:
   or the launcher exiting) is a ``StageStartupError`` naming the stage and the
   cause (exception class and first line), never engine death.
 
+Stages run as local processes unless a ``StageLauncher`` is given (the Ray
+backend, ``ray_backend.py``): it then starts the stages, over ``tcp://``,
+and reports their exits; this module only marks the engine dead.
+
 It must not classify exceptions (stages normalize, ``to_exception``
 rebuilds) and must not render anything for a transport.
 """
@@ -39,8 +43,8 @@ import tempfile
 import time
 import uuid
 import weakref
-from collections.abc import AsyncGenerator, Iterable, Mapping
-from typing import Any, Literal
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
+from typing import Any, Literal, Protocol
 
 import zmq
 import zmq.asyncio
@@ -63,7 +67,7 @@ from vllm_omni.errors import (
 from vllm_omni.errors.details import OmniErrorDetails
 from vllm_omni.outputs import DiffusionOutput, OmniRequestOutput
 
-__all__ = ["MODALITIES", "Orchestrator", "StageStartupError"]
+__all__ = ["MODALITIES", "Orchestrator", "StageLauncher", "StageStartupError"]
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +109,27 @@ def _stage_log_settings() -> tuple[int, bool]:
     if not stage_logger.hasHandlers():
         return max(level, logging.WARNING), False
     return level, True
+
+
+class StageLauncher(Protocol):
+    """A worker backend beside local processes: starts stages elsewhere.
+
+    ``prepare`` connects to the backend and returns the host stages reach the
+    orchestrator at; ``launch`` starts every stage against ``address`` and
+    calls ``on_exit(stage_id, reason)`` when one stops for good (the
+    orchestrator decides whether that is a death); ``stop`` releases it all.
+    """
+
+    def prepare(self) -> str: ...
+
+    async def launch(
+        self,
+        pipeline: PipelineConfig,
+        address: str,
+        on_exit: Callable[[int, str], None],
+    ) -> None: ...
+
+    def stop(self, timeout_s: float) -> None: ...
 
 
 class _Aborted:
@@ -197,7 +222,10 @@ class Orchestrator:
         startup_timeout_s: float = 120.0,
         heartbeat_timeout_s: float = 10.0,
         death_grace_s: float = 0.1,
+        launcher: StageLauncher | None = None,
     ) -> None:
+        if launcher is not None:
+            transport = "tcp"  # launched stages may be on other hosts
         if transport not in ("ipc", "tcp"):
             raise VLLMValidationError(
                 "transport must be 'ipc' or 'tcp'", parameter="transport"
@@ -209,6 +237,7 @@ class Orchestrator:
         self._startup_timeout_s = startup_timeout_s
         self._heartbeat_timeout_s = heartbeat_timeout_s
         self._death_grace_s = death_grace_s
+        self._launcher = launcher
         self.address = ""
         self._ipc_dir: str | None = None
         self._context: zmq.asyncio.Context | None = None
@@ -257,14 +286,23 @@ class Orchestrator:
         self._context = zmq.asyncio.Context()
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
-        self.address = self._bind(self._socket)
         for stage in self.pipeline.stages:
             handle = _StageHandle(stage, loop)
             self._handles[stage.id] = handle
             self._by_identity[handle.identity] = handle
-        self._tasks.append(asyncio.create_task(self._receive(), name="omni-receive"))
         try:
-            await asyncio.to_thread(self._spawn_local)
+            if self._launcher is not None:
+                self._host = await asyncio.to_thread(self._launcher.prepare)
+            self.address = self._bind(self._socket)
+            self._tasks.append(
+                asyncio.create_task(self._receive(), name="omni-receive")
+            )
+            if self._launcher is None:
+                await asyncio.to_thread(self._spawn_local)
+            else:
+                await self._launcher.launch(
+                    self.pipeline, self.address, self._on_stage_exit
+                )
             self._tasks.append(asyncio.create_task(self._watch(), name="omni-watch"))
             for handle in self._handles.values():
                 if handle.config.remote:
@@ -351,6 +389,8 @@ class Orchestrator:
                 if handle.process.is_alive():
                     handle.process.terminate()
                     handle.process.join(1.0)
+        if self._launcher is not None:
+            self._launcher.stop(max(0.0, deadline - time.monotonic()))
         if self._socket is not None:
             self._socket.close(linger=0)
         if self._context is not None:
@@ -451,7 +491,7 @@ class Orchestrator:
                     )
                     return
                 if (
-                    handle.config.remote
+                    self._watched_by_heartbeat(handle)
                     and handle.ready.done()
                     and now - handle.last_seen > self._heartbeat_timeout_s
                 ):
@@ -460,8 +500,21 @@ class Orchestrator:
             if now >= next_beat:
                 next_beat = now + _HEARTBEAT_S
                 for handle in self._handles.values():
-                    if handle.config.remote:
+                    if self._watched_by_heartbeat(handle):
                         self._post(handle, m.Heartbeat())
+
+    def _watched_by_heartbeat(self, handle: _StageHandle) -> bool:
+        return handle.config.remote or self._launcher is not None
+
+    def _on_stage_exit(self, stage_id: int, reason: str) -> None:
+        """A launched stage stopped (the launcher's liveness source)."""
+
+        async def mark() -> None:
+            # Let the receiver deliver a fatal record sent just before exit.
+            await asyncio.sleep(self._death_grace_s)
+            self._mark_dead(stage_id, reason)
+
+        self._tasks.append(asyncio.create_task(mark(), name=f"omni-exit-{stage_id}"))
 
     def _dead_error_for(self, request_id: str | None) -> OmniEngineDeadError:
         """A fresh dead error for one request (each raise gets its own)."""

@@ -30,11 +30,11 @@ import contextlib
 import os
 import uuid
 from collections.abc import AsyncGenerator, Iterable, Mapping
-from typing import Any
+from typing import Any, get_args
 
-from vllm_omni.config import PipelineConfig, load_pipeline
-from vllm_omni.engine.orchestrator import Orchestrator, Transport
-from vllm_omni.errors import OmniEngineDeadError
+from vllm_omni.config import PipelineConfig, WorkerBackend, load_pipeline
+from vllm_omni.engine.orchestrator import Orchestrator, StageLauncher, Transport
+from vllm_omni.errors import OmniEngineDeadError, VLLMValidationError
 from vllm_omni.outputs import OmniRequestOutput
 
 __all__ = ["AsyncOmni"]
@@ -52,6 +52,14 @@ class AsyncOmni:
         startup_timeout_s: how long ``start`` waits for every stage.
         heartbeat_timeout_s: silence after which a *remote* stage is dead
             (local stages are watched through their process, every 100 ms).
+        worker_backend: ``"multi_process"`` (local stage processes) or
+            ``"ray"`` (one Ray actor per stage); default: the pipeline's
+            ``worker_backend``, else ``multi_process``.
+        ray_address: the Ray cluster to join (default: the pipeline's
+            ``ray_address``; none: a local instance on 127.0.0.1, started
+            and stopped with the engine).
+        stage_init_timeout_s: how long a Ray stage may wait for placement
+            and actor start (default: the pipeline's, 120 s).
     """
 
     def __init__(
@@ -63,8 +71,21 @@ class AsyncOmni:
         port: int = 0,
         startup_timeout_s: float = 120.0,
         heartbeat_timeout_s: float = 10.0,
+        worker_backend: WorkerBackend | None = None,
+        ray_address: str | None = None,
+        stage_init_timeout_s: float | None = None,
     ) -> None:
         self.config = load_pipeline(pipeline)
+        self.worker_backend = _backend(worker_backend or self.config.worker_backend)
+        launcher: StageLauncher | None = None
+        if self.worker_backend == "ray":
+            from vllm_omni.engine.ray_backend import RayStageLauncher
+
+            launcher = RayStageLauncher(
+                address=ray_address or self.config.ray_address,
+                stage_init_timeout_s=stage_init_timeout_s
+                or self.config.stage_init_timeout_s,
+            )
         self._orchestrator = Orchestrator(
             self.config,
             transport=transport,
@@ -72,6 +93,7 @@ class AsyncOmni:
             port=port,
             startup_timeout_s=startup_timeout_s,
             heartbeat_timeout_s=heartbeat_timeout_s,
+            launcher=launcher,
         )
 
     @classmethod
@@ -221,3 +243,12 @@ class AsyncOmni:
         with ``OmniServiceUnavailableError`` (503).
         """
         self._orchestrator.shutdown()
+
+
+def _backend(name: str) -> WorkerBackend:
+    if name not in get_args(WorkerBackend):
+        raise VLLMValidationError(
+            f"worker_backend must be one of {', '.join(get_args(WorkerBackend))}",
+            parameter="worker_backend",
+        )
+    return name  # type: ignore[return-value]

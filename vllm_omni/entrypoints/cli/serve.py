@@ -79,6 +79,19 @@ def make_parser() -> argparse.ArgumentParser:
         help="SQLite file for async video jobs (survives restarts)",
     )
     parser.add_argument(
+        "--worker-backend",
+        choices=("multi_process", "ray"),
+        default=None,
+        help="run stages as local processes (default) or as Ray actors "
+        "(pip install 'vllm-omni[ray]'); overrides the pipeline's worker_backend",
+    )
+    parser.add_argument(
+        "--ray-address",
+        default=None,
+        help="with --worker-backend ray: join this cluster (HOST:PORT); "
+        "default: start a local Ray instance on 127.0.0.1 with the server",
+    )
+    parser.add_argument(
         "--log-level",
         default="info",
         choices=("debug", "info", "warning", "error"),
@@ -141,7 +154,13 @@ async def _serve(args: argparse.Namespace) -> int:
     (which the stages do not need), then serve."""
     from vllm_omni.entrypoints.async_omni import AsyncOmni
 
-    starting = asyncio.create_task(AsyncOmni.create(pipeline=args.pipeline))
+    starting = asyncio.create_task(
+        AsyncOmni.create(
+            pipeline=args.pipeline,
+            worker_backend=args.worker_backend,
+            ray_address=args.ray_address,
+        )
+    )
     try:
         api_server = await asyncio.to_thread(importlib.import_module, _API_SERVER)
     except BaseException:

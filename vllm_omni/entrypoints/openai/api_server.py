@@ -122,7 +122,11 @@ async def run_server(args: argparse.Namespace, engine: AsyncOmni | None = None) 
     Returns the process exit code: 1 when the engine died, else 0.
     """
     if engine is None:
-        engine = await AsyncOmni.create(pipeline=args.pipeline)
+        engine = await AsyncOmni.create(
+            pipeline=args.pipeline,
+            worker_backend=args.worker_backend,
+            ray_address=args.ray_address,
+        )
     try:
         app = build_app(args)
         await init_app_state(app, engine, args)

@@ -1,0 +1,85 @@
+"""Shared pieces of the Ray drills: Ray settings and a small pipeline."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Detect a lost node within about a second (Ray's defaults take ~15 s); the
+# operator's knob, documented in docs/serving.md.
+FAST_FAILURE_DETECTION: dict[str, Any] = {
+    "health_check_initial_delay_ms": 0,
+    "health_check_period_ms": 300,
+    "health_check_timeout_ms": 300,
+    "health_check_failure_threshold": 2,
+}
+
+FAULTS: list[dict[str, Any]] = [
+    {"stage": 0, "marker": "@boom", "action": "raise"},
+    {
+        "stage": 0,
+        "marker": "@secret",
+        "action": "raise",
+        "exception": "builtins:RuntimeError",
+        "args": ["failed reading /home/alice/.hf/token hf_SECRETSECRET123"],
+    },
+    {
+        "stage": 0,
+        "marker": "@invalid",
+        "action": "raise",
+        "exception": "vllm.exceptions:VLLMValidationError",
+        "args": ["temperature must be positive"],
+        "kwargs": {"parameter": "temperature", "value": -1},
+    },
+    {
+        "stage": 1,
+        "marker": "@novoice",
+        "action": "raise",
+        "exception": "vllm.exceptions:VLLMNotFoundError",
+        "args": ["voice not found"],
+    },
+    {
+        "stage": 1,
+        "marker": "@unavailable",
+        "action": "raise",
+        "exception": "vllm_omni.errors:OmniServiceUnavailableError",
+        "args": ["talker pool drained"],
+    },
+    {"stage": 0, "marker": "@hang", "action": "hang"},
+    {"stage": 1, "marker": "@talkhang", "action": "hang"},
+]
+
+
+def drill_pipeline(
+    *,
+    thinker_ray: dict[str, Any] | None = None,
+    talker_ray: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Thinker (0), talker (1), vocoder (2): text and audio routes, 3 actors."""
+    return {
+        "model": "omni-ray-drill",
+        "worker_backend": "ray",
+        "stages": [
+            {
+                "id": 0,
+                "name": "thinker",
+                "kind": "text",
+                "timeout_s": 30,
+                "ray": thinker_ray or {},
+            },
+            {
+                "id": 1,
+                "name": "talker",
+                "kind": "talker",
+                "timeout_s": 30,
+                "ray": talker_ray or {},
+            },
+            {
+                "id": 2,
+                "name": "vocoder",
+                "kind": "vocoder",
+                "timeout_s": 30,
+                "ray": thinker_ray or {},
+            },
+        ],
+        "faults": FAULTS,
+    }

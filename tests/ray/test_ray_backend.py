@@ -1,0 +1,268 @@
+"""The Ray backend in process: stages as actors on a real local Ray.
+
+One Ray instance (127.0.0.1) and one Ray engine per module. The same pipeline
+also runs on ``multi_process`` so a stage's record can be compared field by
+field across backends. Drills: a stage raising client and server errors, an
+actor killed with ``ray.kill`` (last: it kills the engine), placement that
+cannot be satisfied, and the promise that the default backend never imports
+Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import psutil
+import pytest
+import pytest_asyncio
+import ray
+
+from tests.engine.engines import collect
+from tests.ray.drills import FAST_FAILURE_DETECTION, drill_pipeline
+from vllm_omni.config import pipeline_from_mapping
+from vllm_omni.engine.orchestrator import StageStartupError
+from vllm_omni.entrypoints.async_omni import AsyncOmni
+from vllm_omni.entrypoints.omni import Omni
+from vllm_omni.errors import (
+    EngineDeadError,
+    OmniClientError,
+    OmniEngineDeadError,
+    OmniEngineGenerateError,
+    OmniServerError,
+)
+from vllm_omni.errors.details import OmniErrorDetails
+
+pytestmark = pytest.mark.timeout(120)
+
+PIPELINE = pipeline_from_mapping(drill_pipeline())
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        _system_config=FAST_FAILURE_DETECTION,
+    )
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest_asyncio.fixture(scope="module")
+async def engines(local_ray: None) -> AsyncIterator[dict[str, AsyncOmni]]:
+    """The drill pipeline on both backends, started side by side."""
+    pair = {
+        "ray": AsyncOmni(PIPELINE),
+        "multi_process": AsyncOmni(PIPELINE, worker_backend="multi_process"),
+    }
+    try:
+        await asyncio.gather(*(engine.start() for engine in pair.values()))
+        yield pair
+    finally:
+        for engine in pair.values():
+            engine.shutdown()
+
+
+def _actor(engine: AsyncOmni, stage_id: int) -> ray.actor.ActorHandle:
+    namespace = engine._orchestrator._launcher.namespace  # type: ignore[union-attr]
+    return ray.get_actor(f"omni-stage-{stage_id}", namespace=namespace)
+
+
+async def test_each_stage_is_a_ray_actor(engines: dict[str, AsyncOmni]) -> None:
+    engine = engines["ray"]
+    assert engine.worker_backend == "ray" and engine.address.startswith(
+        "tcp://127.0.0.1:"
+    )
+    # The stage that answered Ready runs inside its actor's process (Ray
+    # titles it after the actor's running method).
+    titles = {
+        stage_id: " ".join(psutil.Process(pid).cmdline())
+        for stage_id, pid in engine.stage_pids().items()
+        if pid is not None
+    }
+    assert sorted(titles) == [0, 1, 2]
+    assert all(t.startswith("ray::_StageActor.run") for t in titles.values()), titles
+    named = ray.util.list_named_actors(all_namespaces=True)
+    namespace = engine._orchestrator._launcher.namespace  # type: ignore[union-attr]
+    assert sorted(a["name"] for a in named if a["namespace"] == namespace) == [
+        "omni-stage-0",
+        "omni-stage-1",
+        "omni-stage-2",
+    ]
+    outputs = await collect(
+        engine, "hello ray", request_id="ray-ok", modalities=["text", "audio"]
+    )
+    assert outputs[-1].text == "You said: hello ray"
+    assert outputs[-1].audio and outputs[-1].audio[:4] == b"RIFF"
+
+
+async def _failure(engine: AsyncOmni, prompt: str, modalities: list[str]) -> Exception:
+    with pytest.raises(Exception) as caught:
+        await collect(engine, prompt, request_id="same-id", modalities=modalities)
+    return caught.value
+
+
+@pytest.mark.parametrize(
+    ("prompt", "modalities", "cls", "status", "error_type", "stage_id"),
+    [
+        ("x @invalid", ["text"], OmniClientError, 400, "BadRequestError", 0),
+        ("x @novoice", ["audio"], OmniClientError, 404, "NotFoundError", 1),
+        ("x @boom", ["text"], OmniEngineGenerateError, 500, "InternalServerError", 0),
+        ("x @secret", ["text"], OmniEngineGenerateError, 500, "InternalServerError", 0),
+        (
+            "x @unavailable",
+            ["audio"],
+            OmniServerError,
+            503,
+            "ServiceUnavailableError",
+            1,
+        ),
+    ],
+)
+async def test_stage_record_is_the_same_on_both_backends(
+    engines: dict[str, AsyncOmni],
+    prompt: str,
+    modalities: list[str],
+    cls: type[Exception],
+    status: int,
+    error_type: str,
+    stage_id: int,
+) -> None:
+    got = {
+        name: await _failure(engine, prompt, modalities)
+        for name, engine in engines.items()
+    }
+    ray_error, local_error = got["ray"], got["multi_process"]
+    assert type(ray_error) is cls and type(local_error) is cls
+    record: OmniErrorDetails = ray_error.details  # type: ignore[attr-defined]
+    assert (record.status_code, record.error_type, record.stage_id) == (
+        status,
+        error_type,
+        stage_id,
+    )
+    assert record == local_error.details  # type: ignore[attr-defined]
+    assert "hf_SECRET" not in record.message and "/home/alice" not in record.message
+    assert engines["ray"].is_running and not engines["ray"].errored
+
+
+async def test_placement_that_cannot_happen_is_a_startup_error(
+    local_ray: None,
+) -> None:
+    pipeline = pipeline_from_mapping(
+        {
+            "model": "omni-unplaceable",
+            "worker_backend": "ray",
+            "stage_init_timeout_s": 1.5,
+            "stages": [
+                {"id": 0, "name": "thinker", "kind": "text"},
+                {
+                    "id": 7,
+                    "name": "gpu-talker",
+                    "kind": "talker",
+                    "ray": {"num_cpus": 1, "resources": {"big_gpu_node": 1}},
+                },
+            ],
+        }
+    )
+    engine = AsyncOmni(pipeline)
+    started = time.monotonic()
+    with pytest.raises(StageStartupError) as caught:
+        await engine.start()
+    assert time.monotonic() - started < 30
+    error = caught.value
+    assert error.stage_id == 7
+    assert str(error) == (
+        "Stage 7 (gpu-talker) failed to start: not placed on the Ray cluster "
+        "within 1.5 s (missing: big_gpu_node=1)"
+    )
+    assert error.details is not None and error.details.stage_id == 7
+    assert error.details.status_code == 503
+    assert not engine.is_running
+    namespace = engine._orchestrator._launcher.namespace  # type: ignore[union-attr]
+    named = ray.util.list_named_actors(all_namespaces=True)
+    assert [a for a in named if a["namespace"] == namespace] == []
+
+
+def test_offline_omni_runs_on_ray(local_ray: None) -> None:
+    """``Omni`` takes the same backend arguments (on its own loop thread)."""
+    pipeline = pipeline_from_mapping(
+        {
+            "model": "omni-offline",
+            "stages": [{"id": 0, "name": "thinker", "kind": "text"}],
+            "faults": [{"stage": 0, "marker": "@boom", "action": "raise"}],
+        }
+    )
+    with Omni(pipeline, worker_backend="ray") as omni:
+        assert omni.engine.worker_backend == "ray"
+        assert omni.generate("offline hello").text == "You said: offline hello"
+        with pytest.raises(OmniEngineGenerateError) as caught:
+            omni.generate("x @boom")
+        assert caught.value.details is not None
+        assert (caught.value.details.status_code, caught.value.details.stage_id) == (
+            500,
+            0,
+        )
+
+
+async def test_killed_actor_fails_every_in_flight_request(
+    engines: dict[str, AsyncOmni],
+) -> None:
+    """Last in the module: it kills the Ray engine."""
+    engine = engines["ray"]
+    at_talker = asyncio.create_task(
+        collect(engine, "hi @talkhang", request_id="k1", modalities=["audio"])
+    )
+    at_thinker = asyncio.create_task(
+        collect(engine, "hi @hang", request_id="k2", modalities=["text"])
+    )
+    await asyncio.sleep(1.0)
+    assert not at_talker.done() and not at_thinker.done()
+    killed = time.monotonic()
+    ray.kill(_actor(engine, 1), no_restart=True)
+    results = await asyncio.gather(at_talker, at_thinker, return_exceptions=True)
+    detected = time.monotonic() - killed
+    for result in results:
+        assert type(result) is OmniEngineDeadError
+        assert isinstance(result, EngineDeadError)
+        assert result.stage_id == 1
+        assert result.details is not None
+        assert dataclasses.astuple(result.details)[1:4] == (
+            "server",
+            500,
+            "InternalServerError",
+        )
+        assert result.details.fatal and result.details.stage_id == 1
+        assert result.details.message == EngineDeadError.CLIENT_MESSAGE
+    assert detected < 10
+    assert engine.errored and not engine.is_running
+    assert "ActorDiedError" in str(engine.dead_error)
+    with pytest.raises(OmniEngineDeadError) as refused:
+        await collect(engine, "after", request_id="k3")
+    assert refused.value.stage_id == 1
+    # The other backend is untouched.
+    assert engines["multi_process"].is_running
+
+
+def test_default_backend_never_imports_ray() -> None:
+    code = (
+        "import sys, vllm_omni\n"
+        "from vllm_omni.entrypoints.async_omni import AsyncOmni\n"
+        "from vllm_omni.entrypoints.cli.serve import make_parser\n"
+        "from vllm_omni.entrypoints.openai import api_server\n"
+        "AsyncOmni('reference')\n"
+        "assert make_parser().parse_args([]).worker_backend is None\n"
+        "print('ray' in sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "False"

@@ -1,0 +1,311 @@
+"""The Ray worker backend: each stage runs as a Ray actor.
+
+Owns everything Ray-specific, so that ``import vllm_omni`` and the default
+``multi_process`` backend never import Ray (it is imported the first time a
+``RayStageLauncher`` prepares):
+
+- joining a cluster (``ray_address``) or starting a local Ray instance bound
+  to 127.0.0.1 that lives and dies with the engine;
+- one actor per stage, placed by the stage's ``ray:`` options, whose single
+  long-running ``run`` call is the unmodified ``StageWorker`` connected to
+  the orchestrator's ROUTER over ``tcp://``. Requests, outputs and error
+  records ride that ZMQ wire exactly as with local processes, so a stage
+  normalizes once and the record crosses the boundary unchanged (see
+  ``docs/errors/stages.md`` for why the wire is not Ray calls);
+- Ray's own failure modes, mapped once (``RAY_FAILURES``): placement or actor
+  start that misses ``stage_init_timeout_s`` is a startup error naming the
+  stage and the resources it waits for; the end of a stage's ``run`` call
+  (actor killed, its node lost, its worker OOM-killed, or a ``RayTaskError``
+  out of the actor itself) is reported to the orchestrator, which marks the
+  engine dead with that stage id.
+
+It must not classify stage errors (the worker does) or mark the engine dead
+itself (the orchestrator does); reasons it reports go to the server log and
+``OmniEngineDeadError.reason``, never to a client, which sees the generic
+dead-engine message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import sys
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from vllm_omni.config import PipelineConfig, StageConfig
+from vllm_omni.engine.orchestrator import StageStartupError
+from vllm_omni.engine.stage_worker import StageWorker, WorkerSpec
+from vllm_omni.errors import (
+    OmniServiceUnavailableError,
+)
+
+__all__ = ["RAY_FAILURES", "RayStageLauncher", "describe_exit"]
+
+logger = logging.getLogger(__name__)
+
+# A stage on another host is also dropped when the orchestrator goes silent
+# (Ray's owner fate-sharing normally ends it first).
+_ORCHESTRATOR_TIMEOUT_S = 30.0
+_CONNECT_TIMEOUT_S = 10.0
+# Ray failure class name → why the stage's run call ended, as logged and
+# kept in OmniEngineDeadError.reason. Names, not classes: Ray stays unimported.
+RAY_FAILURES: Mapping[str, str] = {
+    "ActorDiedError": "its Ray actor died (killed, node lost or out of memory)",
+    "ActorUnavailableError": "its Ray actor became unreachable",
+    "OutOfMemoryError": "its Ray worker was killed for running out of memory",
+    "NodeDiedError": "its Ray node died",
+    "WorkerCrashedError": "its Ray worker process crashed",
+    "RayTaskError": "the stage actor raised outside any request",
+    "GetTimeoutError": "its Ray actor did not answer in time",
+    "RaySystemError": "the Ray cluster became unreachable",
+}
+
+
+def describe_exit(error: BaseException | None, exit_code: object = None) -> str:
+    """Why a stage's ``run`` call ended, without Ray's remote traceback or
+    addresses (those stay in the log line of the full exception)."""
+    if error is None:
+        if exit_code == 0:
+            # A worker returns 0 unasked only when orphaned: its raylet (its
+            # node) went away, or the orchestrator fell silent.
+            return "stage actor exited with code 0 (its Ray node was lost)"
+        return f"stage actor exited with code {exit_code}"
+    for cls in type(error).__mro__:
+        reason = RAY_FAILURES.get(cls.__name__)
+        if reason is not None:
+            return f"{reason} ({type(error).__name__})"
+    return f"its Ray actor failed ({type(error).__name__})"
+
+
+class _StageActor:
+    """The body of a stage's Ray actor: runs one ``StageWorker`` to its end."""
+
+    def run(self, spec: WorkerSpec) -> int:
+        logging.basicConfig(
+            level=logging.INFO,
+            format=f"%(levelname)s stage-{spec.stage.id} %(message)s",
+        )
+        worker = StageWorker(spec)
+        try:
+            return asyncio.run(worker.serve())
+        finally:
+            worker.close()
+
+
+def _actor_options(stage: StageConfig, name: str, namespace: str) -> dict[str, Any]:
+    options: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "num_cpus": stage.ray.num_cpus,
+        "num_gpus": stage.ray.num_gpus,
+        # A dead stage is the engine's death (DESIGN §6): never restart it
+        # behind the orchestrator's back.
+        "max_restarts": 0,
+        "max_task_retries": 0,
+        # The stage's run call owns the actor's main thread for its lifetime
+        # (its event loop installs signal handlers, which only that thread may).
+        "max_concurrency": 1,
+    }
+    if stage.ray.resources:
+        options["resources"] = dict(stage.ray.resources)
+    if stage.ray.label_selector:
+        options["label_selector"] = dict(stage.ray.label_selector)
+    return options
+
+
+def _wanted(stage: StageConfig) -> dict[str, float]:
+    wanted = {"CPU": stage.ray.num_cpus, "GPU": stage.ray.num_gpus}
+    wanted.update(stage.ray.resources)
+    return {name: amount for name, amount in wanted.items() if amount > 0}
+
+
+def _absent(stage: StageConfig, total: Mapping[str, float]) -> dict[str, float]:
+    """What a stage asks for beyond what the whole cluster has."""
+    return {k: v for k, v in _wanted(stage).items() if total.get(k, 0.0) < v}
+
+
+def _waiting_for(stage: StageConfig, total: Mapping[str, float]) -> str:
+    """The resources a stage waits for: those the cluster lacks, else all it
+    asked for (then they are busy, or the actor is still starting)."""
+    absent = _absent(stage, total)
+    parts = [f"{k}={v:g}" for k, v in sorted((absent or _wanted(stage)).items())]
+    parts += [f"label {k}={v}" for k, v in stage.ray.label_selector.items()]
+    what = ", ".join(parts) or "no resources"
+    return f"missing: {what}" if absent else f"requested: {what}"
+
+
+class RayStageLauncher:
+    """Starts a pipeline's stages as Ray actors and reports when they end."""
+
+    def __init__(
+        self,
+        *,
+        address: str | None = None,
+        stage_init_timeout_s: float = 120.0,
+    ) -> None:
+        self._address = address
+        self._stage_init_timeout_s = stage_init_timeout_s
+        self._namespace = f"vllm-omni-{uuid.uuid4().hex[:12]}"
+        self._owns_ray = False
+        self._actors: dict[int, Any] = {}
+        self._runs: dict[int, Any] = {}
+        self._waiters: list[asyncio.Task[None]] = []
+
+    @property
+    def namespace(self) -> str:
+        """The Ray namespace of this engine's actors (``omni-stage-<id>``)."""
+        return self._namespace
+
+    # -- StageLauncher -----------------------------------------------------------
+
+    def prepare(self) -> str:
+        if self._address is None and "ray" not in sys.modules:
+            # Ray binds a local instance to this host's public address unless
+            # told it is not a cluster; read once, when Ray is first imported
+            # (a caller who imported Ray earlier sets it, or runs ray start).
+            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        import ray
+
+        if not ray.is_initialized():
+            self._check_reachable()
+            try:
+                ray.init(
+                    address=self._address,
+                    include_dashboard=False,
+                    namespace=self._namespace,
+                    log_to_driver=True,
+                    configure_logging=False,
+                )
+            except Exception as exc:
+                logger.error("could not start or join Ray", exc_info=exc)
+                raise OmniServiceUnavailableError(
+                    f"The Ray cluster is unreachable ({type(exc).__name__})."
+                ) from None
+            self._owns_ray = True
+        return str(ray.util.get_node_ip_address())
+
+    def _check_reachable(self) -> None:
+        """Fail fast on a cluster address nothing listens at: ``ray.init``
+        itself retries such an address for minutes."""
+        host, _, port = (self._address or "").rpartition(":")
+        if not host or not port.isdigit():
+            return  # no address, "auto", or a scheme Ray resolves itself
+        try:
+            timeout = min(self._stage_init_timeout_s, _CONNECT_TIMEOUT_S)
+            socket.create_connection((host, int(port)), timeout=timeout).close()
+        except OSError as exc:
+            logger.error("Ray cluster %s unreachable: %s", self._address, exc)
+            raise OmniServiceUnavailableError(
+                f"The Ray cluster is unreachable ({type(exc).__name__})."
+            ) from None
+
+    async def launch(
+        self,
+        pipeline: PipelineConfig,
+        address: str,
+        on_exit: Callable[[int, str], None],
+    ) -> None:
+        import ray
+
+        actor_class = ray.remote(_StageActor)
+        for stage in pipeline.stages:
+            options = _actor_options(stage, f"omni-stage-{stage.id}", self._namespace)
+            self._actors[stage.id] = actor_class.options(**options).remote()
+        placed = {
+            stage.id: asyncio.wrap_future(
+                self._actors[stage.id].__ray_ready__.remote().future()
+            )
+            for stage in pipeline.stages
+        }
+        _, pending = await asyncio.wait(
+            placed.values(), timeout=self._stage_init_timeout_s
+        )
+        for stage in pipeline.stages:
+            future = placed[stage.id]
+            if future in pending:
+                future.cancel()
+                continue
+            error = future.exception()
+            if error is not None:
+                logger.error("stage %d actor failed to start", stage.id, exc_info=error)
+                raise StageStartupError(stage, describe_exit(error))
+        if pending:
+            total = ray.cluster_resources()
+            waiting = [s for s in pipeline.stages if placed[s.id] in pending]
+            # Name a stage the cluster cannot place at all before a slow one.
+            waiting.sort(key=lambda s: not _absent(s, total))
+            stage = waiting[0]
+            reason = (
+                f"not placed on the Ray cluster within "
+                f"{self._stage_init_timeout_s:g} s ({_waiting_for(stage, total)})"
+            )
+            logger.error(
+                "stage %d (%s) %s; also waiting: %s",
+                stage.id,
+                stage.name,
+                reason,
+                ", ".join(str(s.id) for s in waiting[1:]) or "none",
+            )
+            raise StageStartupError(stage, reason)
+        for stage in pipeline.stages:
+            spec = WorkerSpec(
+                stage=stage,
+                pipeline=pipeline,
+                address=address,
+                orchestrator_timeout_s=_ORCHESTRATOR_TIMEOUT_S,
+            )
+            run = self._actors[stage.id].run.remote(spec)
+            self._runs[stage.id] = run
+            self._waiters.append(
+                asyncio.create_task(
+                    self._wait_exit(stage.id, run, on_exit),
+                    name=f"omni-ray-stage-{stage.id}",
+                )
+            )
+
+    def stop(self, timeout_s: float) -> None:
+        for waiter in self._waiters:
+            waiter.cancel()
+        if "ray" not in sys.modules:
+            return
+        import ray
+
+        if not ray.is_initialized():
+            return
+        # The orchestrator already sent Shutdown: give the workers a moment
+        # to close their stages, then make sure no actor outlives the engine.
+        if self._runs:
+            ray.wait(
+                list(self._runs.values()),
+                num_returns=len(self._runs),
+                timeout=max(0.1, timeout_s),
+            )
+        for actor in self._actors.values():
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+        self._actors.clear()
+        self._runs.clear()
+        if self._owns_ray:
+            ray.shutdown()
+            self._owns_ray = False
+
+    # -- liveness ----------------------------------------------------------------
+
+    async def _wait_exit(
+        self, stage_id: int, run: Any, on_exit: Callable[[int, str], None]
+    ) -> None:
+        try:
+            code = await asyncio.wrap_future(run.future())
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # Full text (remote traceback, node address) for the operator only.
+            logger.error("stage %d Ray actor ended", stage_id, exc_info=exc)
+            on_exit(stage_id, describe_exit(exc))
+            return
+        on_exit(stage_id, describe_exit(None, code))
