@@ -9,10 +9,20 @@ unknown ``type`` or with malformed fields decodes to ``None`` (or, for an
 cannot crash an older one.
 
 An ``ErrorMessage`` carries the complete ``OmniErrorDetails`` field set flat,
-plus the 0.30 flat field ``error`` (a duplicate of ``message``). Its field
-logic lives in ``OmniErrorDetails.to_wire`` / ``from_wire``; this module only
-maps those dicts onto Structs. ``encode(msg, legacy_wire=True)`` sends an
-error with the legacy fields only, for a strict 0.30-era receiver.
+plus, for a fatal error, ``reason`` (the sanitized log text of the death).
+Three shapes go out, chosen by what the sender knows of its peer:
+
+- **full** (the default): also the 0.30 flat field ``error``, a duplicate of
+  ``message``, so a tolerant 0.30 receiver reads it;
+- **compact** (``encode(msg, compact=True)``): no ``error``, once both peers
+  speak wire ``WIRE_VERSION``. A stage announces
+  its wire version in ``Ready``; an orchestrator that speaks it too answers
+  ``Welcome``, and only then does the stage send compact records;
+- **legacy** (``encode(msg, legacy_wire=True)``): the 0.30 fields only, for a
+  strict 0.30-era receiver that rejects fields it does not know.
+
+Field logic lives in ``OmniErrorDetails.to_wire`` / ``from_wire``; this module
+only maps those dicts onto Structs.
 
 Media (audio, images, video) travels as msgspec ``bytes`` in ``Payload``,
 never in errors. This module must not import vLLM or torch, and must not
@@ -27,7 +37,12 @@ import msgspec
 
 from vllm_omni.errors.details import OmniErrorDetails
 
+# 1: the 0.30 error record (``error`` only); 2: 0.31 (``message`` and the
+# complete field set; compact records once both peers say so).
+WIRE_VERSION = 2
+
 __all__ = [
+    "WIRE_VERSION",
     "Abort",
     "ErrorMessage",
     "Heartbeat",
@@ -40,6 +55,7 @@ __all__ = [
     "Submit",
     "UtilityRequest",
     "UtilityResponse",
+    "Welcome",
     "decode",
     "encode",
 ]
@@ -70,6 +86,18 @@ class Ready(_Base, tag="ready"):
     pid: int
     kind: str
     version: str = ""
+    # The error-record wire this stage speaks; a 0.30 stage does not say (1).
+    wire: int = 1
+
+
+class Welcome(_Base, tag="welcome"):
+    """Orchestrator → stage, answering ``Ready``: the wire both peers speak.
+
+    A 0.30 stage ignores it (unknown type); a 0.30 orchestrator never sends
+    it, so its stages keep sending the full record.
+    """
+
+    wire: int
 
 
 class Heartbeat(_Base, tag="heartbeat"):
@@ -102,30 +130,36 @@ class Abort(_Base, tag="abort"):
     request_id: str
 
 
-class ErrorMessage(_Base, tag="error"):
+class ErrorMessage(_Base, tag="error", omit_defaults=True):
     """Stage → orchestrator: a request (or the stage, when ``fatal``) failed.
 
-    The §3 field set flat, plus ``error``: the 0.30 name of ``message``.
+    The §3 field set flat, plus ``error`` (the 0.30 name of ``message``; empty
+    in a compact record) and ``reason`` (the log text of a fatal error).
     ``message``/``category``/``parameter`` are ``None`` when a legacy sender
-    omitted them; ``to_details`` then reads the record by its status.
+    omitted them; ``to_details`` then reads the record by its status. Fields
+    at their default are not sent: a 0.30 receiver has the same defaults.
     """
 
+    status_code: int
+    error_type: str
     error: str = ""
-    status_code: int = 500
-    error_type: str = "InternalServerError"
     fatal: bool = False
     request_id: str | None = None
     stage_id: int | None = None
     message: str | None = None
     category: str | None = None
     parameter: str | None = None
+    reason: str | None = None
 
     @classmethod
-    def from_details(cls, details: OmniErrorDetails) -> ErrorMessage:
-        return cls(**details.to_wire())
+    def from_details(
+        cls, details: OmniErrorDetails, *, reason: str | None = None
+    ) -> ErrorMessage:
+        return cls(**details.to_wire(), reason=reason)
 
     def to_details(self) -> OmniErrorDetails:
         fields = msgspec.structs.asdict(self)
+        fields.pop("reason")
         return OmniErrorDetails.from_wire(
             {key: value for key, value in fields.items() if value is not None}
         )
@@ -163,6 +197,7 @@ class Shutdown(_Base, tag="shutdown"):
 
 Message = (
     Ready
+    | Welcome
     | Heartbeat
     | Submit
     | Output
@@ -178,12 +213,20 @@ _decoder = msgspec.msgpack.Decoder(Message)
 _raw_decoder = msgspec.msgpack.Decoder()
 
 
-def encode(message: Message, *, legacy_wire: bool = False) -> bytes:
-    """Serialize ``message``; with ``legacy_wire`` an error keeps only legacy fields."""
-    if legacy_wire and isinstance(message, ErrorMessage):
-        return _encoder.encode(
-            LegacyErrorMessage(**message.to_details().to_wire(legacy=True))
-        )
+def encode(
+    message: Message, *, legacy_wire: bool = False, compact: bool = False
+) -> bytes:
+    """Serialize ``message``; an error in the shape asked for (module docstring).
+
+    ``legacy_wire`` wins over ``compact``: a stage configured for a strict
+    0.30 receiver never sends anything else.
+    """
+    if isinstance(message, ErrorMessage):
+        if legacy_wire:
+            legacy = message.to_details().to_wire(legacy=True)
+            return _encoder.encode(LegacyErrorMessage(**legacy))
+        if compact and message.message is not None:
+            return _encoder.encode(msgspec.structs.replace(message, error=""))
     return _encoder.encode(message)
 
 

@@ -45,7 +45,7 @@ from vllm_omni import __version__
 from vllm_omni.config import PipelineConfig, StageConfig, load_pipeline
 from vllm_omni.engine import messages as m
 from vllm_omni.engine.faults import apply_fault, matching_fault
-from vllm_omni.errors import OmniEngineDeadError, normalize
+from vllm_omni.errors import OmniEngineDeadError, fatal_reason, normalize
 from vllm_omni.stages import build_stage
 from vllm_omni.stages.base import Stage
 
@@ -110,6 +110,8 @@ class StageWorker:
         # Nobody waits for a stopping stage's heartbeats: close at once,
         # unless a fatal record is on its way out.
         self._linger_ms = 0
+        # Compact error records only once the orchestrator said it reads them.
+        self._compact = False
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -153,7 +155,9 @@ class StageWorker:
             logger.error("stage %d failed to start", self.stage_id, exc_info=error)
             reason = f"stage failed to start: {type(error).__name__}"
             dead = OmniEngineDeadError(stage_id=self.stage_id, reason=reason)
-            await self._send(m.ErrorMessage.from_details(normalize(dead)))
+            await self._send(
+                m.ErrorMessage.from_details(normalize(dead), reason=fatal_reason(dead))
+            )
             self._exit_code, self._linger_ms = 1, _EXIT_LINGER_MS
             return False
         await self._send(
@@ -162,6 +166,7 @@ class StageWorker:
                 pid=os.getpid(),
                 kind=self.spec.stage.kind,
                 version=__version__,
+                wire=1 if self.spec.stage.legacy_wire else m.WIRE_VERSION,
             )
         )
         return True
@@ -182,7 +187,9 @@ class StageWorker:
 
     async def _send(self, message: m.Message) -> None:
         assert self._socket is not None
-        data = m.encode(message, legacy_wire=self.spec.stage.legacy_wire)
+        data = m.encode(
+            message, legacy_wire=self.spec.stage.legacy_wire, compact=self._compact
+        )
         await self._socket.send(data)
 
     async def _receive(self, stop: asyncio.Event) -> None:
@@ -194,6 +201,8 @@ class StageWorker:
                 self._submit(message)
             elif isinstance(message, m.Abort):
                 self._abort(message.request_id)
+            elif isinstance(message, m.Welcome):
+                self._compact = message.wire >= m.WIRE_VERSION
             elif isinstance(message, m.UtilityRequest):
                 await self._send(
                     m.UtilityResponse(
@@ -285,7 +294,8 @@ class StageWorker:
                 details.status_code,
                 exc_info=None if details.is_client else exc,
             )
-            await self._send(m.ErrorMessage.from_details(details))
+            reason = fatal_reason(exc) if details.fatal else None
+            await self._send(m.ErrorMessage.from_details(details, reason=reason))
             if details.fatal:
                 self._die()
 
