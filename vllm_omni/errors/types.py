@@ -49,7 +49,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from vllm.exceptions import (
     GenerationError,
     GracefulHTTPError,
-    LoRAAdapterNotFoundError,
     VLLMClientError,
     VLLMError,
     VLLMNotFoundError,
@@ -389,5 +388,4 @@ REMOTE_TYPES: dict[tuple[str, int, str], type[VLLMError]] = {
 UNPICKLABLE_UPSTREAM: tuple[type[BaseException], ...] = (
     EngineDeadError,
     GracefulHTTPError,
-    LoRAAdapterNotFoundError,
 )
