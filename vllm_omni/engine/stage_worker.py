@@ -257,6 +257,7 @@ class StageWorker:
                 "active": sorted(self._tasks),
                 "aborts": list(stats.aborts),
                 "cancelled": list(stats.cancelled),
+                "compact_errors": self._compact,
             }
         return {"error": f"unknown utility {method!r}"}
 

@@ -231,7 +231,8 @@ class AsyncOmni:
 
         Per stage id: ``submitted``/``completed``/``failed`` counts, ``active``
         request ids, recent ``aborts`` (every abort received) and
-        ``cancelled`` (aborts that stopped running work), ``pid``; ``None``
+        ``cancelled`` (aborts that stopped running work), ``pid``,
+        ``compact_errors`` (the orchestrator welcomed 0.31 records); ``None``
         for a stage that cannot answer (e.g. it died).
         """
         return await self._orchestrator.call_utility("stats")
