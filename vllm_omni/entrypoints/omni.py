@@ -72,6 +72,9 @@ class Omni:
         if self._closed:
             coro.close()  # never scheduled: no "never awaited" warning
             raise_for_caller(OmniServiceUnavailableError("The engine is closed."))
+        return self._run_on_loop(coro)
+
+    def _run_on_loop(self, coro: Coroutine[Any, Any, _T]) -> _T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     @overload
@@ -163,7 +166,7 @@ class Omni:
             return
         self._closed = True
         try:
-            self._call(_shutdown(self.engine))
+            self._run_on_loop(_shutdown(self.engine))
         finally:
             self._stop_loop()
 
