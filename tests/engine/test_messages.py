@@ -186,7 +186,13 @@ def test_compact_record_carries_each_text_once(details: OmniErrorDetails) -> Non
     message = m.ErrorMessage.from_details(details)
     compact = m.encode(message, compact=True)
     raw = msgspec.msgpack.decode(compact)
-    assert "error" not in raw
+    assert raw["type"] == "e" and "error" not in raw
+    assert (raw["m"], raw["c"], raw["s"], raw["t"]) == (
+        details.message,
+        details.category,
+        details.status_code,
+        details.error_type,
+    )
     assert list(raw.values()).count(details.message) == 1
     decoded = m.decode(compact)
     assert isinstance(decoded, m.ErrorMessage)
@@ -234,3 +240,19 @@ def test_ready_announces_the_wire_and_welcome_answers() -> None:
     assert isinstance(old_ready, m.Ready) and old_ready.wire == 1
     welcome = m.decode(m.encode(m.Welcome(wire=m.WIRE_VERSION)))
     assert welcome == m.Welcome(wire=m.WIRE_VERSION)
+
+
+def test_a_malformed_compact_record_keeps_what_it_can() -> None:
+    data = msgspec.msgpack.encode(
+        {"type": "e", "m": "x", "s": "404", "r": "r1", "i": 2}
+    )
+    decoded = m.decode(data)
+    assert isinstance(decoded, m.ErrorMessage)
+    assert decoded.to_details() == OmniErrorDetails(
+        "The server had an error while processing your request.",
+        "server",
+        500,
+        "InternalServerError",
+        request_id="r1",
+        stage_id=2,
+    )

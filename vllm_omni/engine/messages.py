@@ -14,8 +14,10 @@ Three shapes go out, chosen by what the sender knows of its peer:
 
 - **full** (the default): also the 0.30 flat field ``error``, a duplicate of
   ``message``, so a tolerant 0.30 receiver reads it;
-- **compact** (``encode(msg, compact=True)``): no ``error``, once both peers
-  speak wire ``WIRE_VERSION``. A stage announces
+- **compact** (``encode(msg, compact=True)``): a ``CompactError`` (tag
+  ``e``, one-letter keys, each text once, defaults omitted), once both peers
+  speak wire ``WIRE_VERSION``; ``decode`` turns it back into an
+  ``ErrorMessage``, so receivers handle one error type. A stage announces
   its wire version in ``Ready``; an orchestrator that speaks it too answers
   ``Welcome``, and only then does the stage send compact records;
 - **legacy** (``encode(msg, legacy_wire=True)``): the 0.30 fields only, for a
@@ -44,6 +46,7 @@ WIRE_VERSION = 2
 __all__ = [
     "WIRE_VERSION",
     "Abort",
+    "CompactError",
     "ErrorMessage",
     "Heartbeat",
     "LegacyErrorMessage",
@@ -165,6 +168,39 @@ class ErrorMessage(_Base, tag="error", omit_defaults=True):
         )
 
 
+class CompactError(
+    _Base,
+    tag="e",
+    omit_defaults=True,
+    rename={
+        "message": "m",
+        "category": "c",
+        "status_code": "s",
+        "error_type": "t",
+        "parameter": "p",
+        "request_id": "r",
+        "stage_id": "i",
+        "fatal": "f",
+        "reason": "why",
+    },
+):
+    """The error record between 0.31 peers: an ``ErrorMessage`` in fewer bytes.
+
+    Sent only after ``Welcome`` (a 0.30 orchestrator would drop the unknown
+    tag); ``decode`` returns it as an ``ErrorMessage``.
+    """
+
+    message: str
+    category: str
+    status_code: int
+    error_type: str
+    parameter: str | None = None
+    request_id: str | None = None
+    stage_id: int | None = None
+    fatal: bool = False
+    reason: str | None = None
+
+
 class LegacyErrorMessage(_Base, tag="error"):
     """The 0.30 error message: the legacy flat fields only (``legacy_wire``)."""
 
@@ -203,11 +239,15 @@ Message = (
     | Output
     | Abort
     | ErrorMessage
+    | CompactError
     | UtilityRequest
     | UtilityResponse
     | Shutdown
 )
 
+_COMPACT_KEYS = {
+    field.name: field.encode_name for field in msgspec.structs.fields(CompactError)
+}
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)
 _raw_decoder = msgspec.msgpack.Decoder()
@@ -221,12 +261,23 @@ def encode(
     ``legacy_wire`` wins over ``compact``: a stage configured for a strict
     0.30 receiver never sends anything else.
     """
-    if isinstance(message, ErrorMessage):
+    if isinstance(message, ErrorMessage) and (legacy_wire or compact):
+        details = message.to_details()
         if legacy_wire:
-            legacy = message.to_details().to_wire(legacy=True)
-            return _encoder.encode(LegacyErrorMessage(**legacy))
-        if compact and message.message is not None:
-            return _encoder.encode(msgspec.structs.replace(message, error=""))
+            return _encoder.encode(LegacyErrorMessage(**details.to_wire(legacy=True)))
+        return _encoder.encode(
+            CompactError(
+                message=details.message,
+                category=details.category,
+                status_code=details.status_code,
+                error_type=details.error_type,
+                parameter=details.parameter,
+                request_id=details.request_id,
+                stage_id=details.stage_id,
+                fatal=details.fatal,
+                reason=message.reason,
+            )
+        )
     return _encoder.encode(message)
 
 
@@ -238,13 +289,19 @@ def decode(data: bytes) -> Message | None:
     falls back to a safe server-500 record.
     """
     try:
-        return _decoder.decode(data)
+        message = _decoder.decode(data)
     except msgspec.DecodeError:
         pass
+    else:
+        if isinstance(message, CompactError):
+            return ErrorMessage(**msgspec.structs.asdict(message))
+        return message
     try:
         raw = _raw_decoder.decode(data)
     except msgspec.DecodeError:
         return None
-    if isinstance(raw, dict) and raw.get("type") == "error":
+    if isinstance(raw, dict) and raw.get("type") in ("error", "e"):
+        if raw["type"] == "e":
+            raw = {name: raw[key] for name, key in _COMPACT_KEYS.items() if key in raw}
         return ErrorMessage.from_details(OmniErrorDetails.from_wire(raw))
     return None
