@@ -530,9 +530,11 @@ def test_empty_client_message_uses_the_reason_phrase() -> None:
     assert normalize(OmniConflictError("  \x00 ")).message == "Conflict"
 
 
-def test_garbage_declared_type_falls_back_to_the_default() -> None:
+def test_garbage_declared_type_falls_back_to_the_status_type() -> None:
     exc = OmniClientError("x", status_code=404, error_type="Not\nFound <b>")
-    assert normalize(exc) == OmniErrorDetails("x", "client", 404, "BadRequestError")
+    assert normalize(exc) == OmniErrorDetails("x", "client", 404, "NotFoundError")
+    odd = OmniClientError("x", status_code=418, error_type="Not\nFound <b>")
+    assert normalize(odd) == OmniErrorDetails("x", "client", 418, "BadRequestError")
 
 
 def test_out_of_range_declared_status_falls_back_to_the_default() -> None:

@@ -18,10 +18,10 @@ from typing import Any, Literal, NoReturn
 
 from vllm_omni.errors.details import (
     DEFAULT_STATUS,
-    DEFAULT_TYPE,
     GENERIC_SERVER_MESSAGE,
     STATUS_RANGES,
     OmniErrorDetails,
+    default_type,
     is_stage_id,
     status_phrase,
 )
@@ -144,7 +144,7 @@ def _from_row(
     except RuntimeError:
         # Only a class-declared error_type can fail here (a free-form string on
         # a compat type): keep everything else and use the default type.
-        record["error_type"] = DEFAULT_TYPE[category]
+        record["error_type"] = default_type(status, category)
         return OmniErrorDetails(**record)  # type: ignore[arg-type]
 
 
