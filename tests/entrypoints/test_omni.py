@@ -20,6 +20,7 @@ from vllm_omni.errors import (
     OmniServiceUnavailableError,
     VLLMClientError,
     VLLMValidationError,
+    normalize,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -152,3 +153,12 @@ def test_the_python_doc_example_runs_as_written(
     capsys.readouterr()
     runpy.run_path(str(script), run_name="__main__")
     assert capsys.readouterr().out == expected
+
+
+def test_a_bad_pipeline_is_a_validation_error_with_details(tmp_path: Path) -> None:
+    with pytest.raises(VLLMValidationError) as info:
+        Omni(pipeline=tmp_path / "nope.yaml")
+    details = info.value.details  # type: ignore[attr-defined]
+    assert isinstance(details, OmniErrorDetails)
+    assert (details.category, details.status_code) == ("client", 400)
+    assert normalize(info.value) == details

@@ -71,7 +71,10 @@ class AsyncOmni:
         startup_timeout_s: float = 120.0,
         heartbeat_timeout_s: float = 10.0,
     ) -> None:
-        self.config = load_pipeline(pipeline)
+        try:
+            self.config = load_pipeline(pipeline)
+        except Exception as exc:
+            raise_for_caller(exc)
         self._orchestrator = Orchestrator(
             self.config,
             transport=transport,

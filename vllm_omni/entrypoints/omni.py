@@ -64,6 +64,9 @@ class Omni:
             self.engine: AsyncOmni = self._call(
                 AsyncOmni.create(pipeline, **engine_kwargs)
             )
+        except Exception as exc:
+            self._stop_loop()
+            raise_for_caller(exc)
         except BaseException:
             self._stop_loop()
             raise
@@ -109,7 +112,10 @@ class Omni:
 
         A list runs concurrently. With ``raise_on_error`` (default) the first
         failure in prompt order is raised; otherwise failed prompts return an
-        output with ``details`` set and ``finished=True``.
+        output with ``details`` set and ``finished=True``. Prompts that are
+        not a string or a list of strings raise ``VLLMValidationError``
+        (``prompts`` / ``prompts[i]``) before anything runs; a call after
+        ``close`` raises ``OmniServiceUnavailableError``.
         """
         single = isinstance(prompts, str)
         try:
