@@ -20,7 +20,13 @@ Rows:
   upstream's ``ErrorResponse.model_validate(err.model_dump())``;
 - ``msgpack size``: ``len(msgspec.msgpack.encode(d.to_wire()))`` vs the same
   for upstream's ``err.model_dump()``, mean bytes per record (ours carries
-  the legacy flat fields too, so a 0.30 receiver can read it).
+  the legacy flat fields too, so a 0.30 receiver can read it);
+- ``stage record, compact`` / ``stage record, full``: the stage wire's
+  ``error`` message between two 0.31 peers (after ``welcome``) and before
+  (both texts, for a possibly-0.30 orchestrator) vs the 0.30 record
+  (``legacy_wire``), mean bytes per record, and the compact record vs
+  upstream's ``ErrorResponse`` (the ``msgpack size`` baseline, which carries
+  no request or stage id); target for compact: ratio <= 1.3 against both.
 
 ``python benchmarks/bench_errors.py`` prints a table; ``run()`` returns the
 rows for ``python -m benchmarks``.
@@ -40,6 +46,8 @@ from vllm.entrypoints.serve.exception_handling.error_response import (
     create_error_response,
 )
 
+from vllm_omni.engine.messages import ErrorMessage
+from vllm_omni.engine.messages import encode as encode_message
 from vllm_omni.errors import (
     EngineDeadError,
     GenerationError,
@@ -179,6 +187,12 @@ def run(repeat: int = 7, number: int = 300) -> list[dict[str, object]]:
     encode = msgspec.msgpack.encode
     ours_bytes = statistics.mean(len(encode(r.to_wire())) for r in records)
     up_bytes = statistics.mean(len(encode(r.model_dump())) for r in responses)
+    stage = [ErrorMessage.from_details(r) for r in records]
+    legacy_bytes = statistics.mean(
+        len(encode_message(e, legacy_wire=True)) for e in stage
+    )
+    compact_bytes = statistics.mean(len(encode_message(e, compact=True)) for e in stage)
+    full_bytes = statistics.mean(len(encode_message(e)) for e in stage)
     return [
         _row("normalize+render http", http["ours"], http["up"], "us/error"),
         _row(
@@ -190,6 +204,9 @@ def run(repeat: int = 7, number: int = 300) -> list[dict[str, object]]:
         _row("normalize", norm["ours"], norm["up"], "us/error"),
         _row("wire round trip", wire["ours"], wire["up"], "us/record"),
         _row("msgpack size", ours_bytes, up_bytes, "bytes/record"),
+        _row("stage record, compact vs 0.30", compact_bytes, legacy_bytes, "bytes"),
+        _row("stage record, full vs 0.30", full_bytes, legacy_bytes, "bytes"),
+        _row("stage record, compact vs upstream", compact_bytes, up_bytes, "bytes"),
     ]
 
 

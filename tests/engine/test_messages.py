@@ -63,7 +63,9 @@ def test_error_message_round_trip_keeps_every_field(details: OmniErrorDetails) -
 def test_error_message_carries_full_and_legacy_fields_flat() -> None:
     raw = msgspec.msgpack.decode(m.encode(m.ErrorMessage.from_details(CLIENT)))
     assert raw["type"] == "error"
-    assert set(raw) == {"type", *WIRE_FIELDS, *LEGACY_WIRE_FIELDS}
+    # Fields at their default (fatal=False) are not sent: a 0.30 receiver
+    # has the same default.
+    assert set(raw) == {"type", *WIRE_FIELDS, *LEGACY_WIRE_FIELDS} - {"fatal"}
     assert raw["error"] == raw["message"] == CLIENT.message
     assert raw["category"] == "client" and raw["parameter"] == "max_tokens"
 
@@ -172,3 +174,85 @@ def test_media_travels_as_bytes_in_outputs() -> None:
     decoded = m.decode(raw)
     assert isinstance(decoded, m.Output) and decoded.payload == payload
     assert "audio" not in m.ErrorMessage.__struct_fields__
+
+
+# -- issue 13: compact records between 0.31 peers, fatal reasons ---------------
+
+
+@pytest.mark.parametrize(
+    "details", [CLIENT, SERVER, FATAL], ids=["4xx", "5xx", "fatal"]
+)
+def test_compact_record_carries_each_text_once(details: OmniErrorDetails) -> None:
+    message = m.ErrorMessage.from_details(details)
+    compact = m.encode(message, compact=True)
+    raw = msgspec.msgpack.decode(compact)
+    assert raw["type"] == "e" and "error" not in raw
+    assert (raw["m"], raw["c"], raw["s"], raw["t"]) == (
+        details.message,
+        details.category,
+        details.status_code,
+        details.error_type,
+    )
+    assert list(raw.values()).count(details.message) == 1
+    decoded = m.decode(compact)
+    assert isinstance(decoded, m.ErrorMessage)
+    assert decoded.to_details() == details
+    assert len(compact) < len(m.encode(message))
+
+
+def test_legacy_wire_wins_over_compact() -> None:
+    message = m.ErrorMessage.from_details(CLIENT)
+    legacy = m.encode(message, legacy_wire=True, compact=True)
+    assert msgspec.msgpack.decode(legacy, type=StrictLegacyError).error == (
+        CLIENT.message
+    )
+
+
+def test_compact_record_is_at_most_1_3x_the_legacy_record() -> None:
+    for details in (CLIENT, SERVER, FATAL):
+        message = m.ErrorMessage.from_details(details)
+        compact = len(m.encode(message, compact=True))
+        legacy = len(m.encode(message, legacy_wire=True))
+        assert compact <= 1.3 * legacy, (details.error_type, compact, legacy)
+
+
+def test_a_fatal_reason_travels_beside_the_record_but_not_in_it() -> None:
+    message = m.ErrorMessage.from_details(FATAL, reason="gpu fell off")
+    for compact in (False, True):
+        decoded = m.decode(m.encode(message, compact=compact))
+        assert isinstance(decoded, m.ErrorMessage)
+        assert decoded.reason == "gpu fell off"
+        assert decoded.to_details() == FATAL
+    legacy = msgspec.msgpack.decode(m.encode(message, legacy_wire=True))
+    assert "reason" not in legacy
+
+
+def test_ready_announces_the_wire_and_welcome_answers() -> None:
+    ready = m.decode(
+        m.encode(m.Ready(stage_id=1, pid=2, kind="text", wire=m.WIRE_VERSION))
+    )
+    assert isinstance(ready, m.Ready) and ready.wire == m.WIRE_VERSION
+    # A 0.30 stage's Ready has no wire: it speaks the 0.30 record.
+    old = msgspec.msgpack.encode(
+        {"type": "ready", "stage_id": 1, "pid": 2, "kind": "t"}
+    )
+    old_ready = m.decode(old)
+    assert isinstance(old_ready, m.Ready) and old_ready.wire == 1
+    welcome = m.decode(m.encode(m.Welcome(wire=m.WIRE_VERSION)))
+    assert welcome == m.Welcome(wire=m.WIRE_VERSION)
+
+
+def test_a_malformed_compact_record_keeps_what_it_can() -> None:
+    data = msgspec.msgpack.encode(
+        {"type": "e", "m": "x", "s": "404", "r": "r1", "i": 2}
+    )
+    decoded = m.decode(data)
+    assert isinstance(decoded, m.ErrorMessage)
+    assert decoded.to_details() == OmniErrorDetails(
+        "The server had an error while processing your request.",
+        "server",
+        500,
+        "InternalServerError",
+        request_id="r1",
+        stage_id=2,
+    )

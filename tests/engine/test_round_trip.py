@@ -2,8 +2,9 @@
 
 A ``raise`` fault makes stage 3 raise an instance of the row's class; the
 record the orchestrator receives must equal ``normalize`` of the same
-instance computed here, and the exception rebuilt from it must follow
-``category`` (client → ``OmniClientError``, fatal → ``OmniEngineDeadError``).
+instance computed here, and the exception rebuilt from it must be the most
+specific class the record names, caught by the row's own class wherever the
+record can name it (and by the 0.30 wrappers, for one release).
 Fatal rows kill their engine, so each gets its own.
 """
 
@@ -27,9 +28,12 @@ from vllm_omni.errors import (
     OmniEngineGenerateError,
     OmniServerError,
     VLLMError,
+    VLLMNotFoundError,
+    VLLMValidationError,
     normalize,
 )
 from vllm_omni.errors.table import LEGACY_FALLBACKS, STATUS_TABLE
+from vllm_omni.errors.types import REMOTE_TYPES
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -100,13 +104,27 @@ def _document(faults: list[FaultConfig]) -> dict[str, Any]:
 
 
 def _expected_class(record: Any) -> type[VLLMError]:
-    if record.category == "client":
-        return OmniClientError
     if record.fatal:
         return OmniEngineDeadError
+    remote = REMOTE_TYPES.get((record.category, record.status_code, record.error_type))
+    if remote is not None:
+        return remote
+    if record.category == "client":
+        return OmniClientError
     if record.error_type == "InternalServerError":
         return OmniEngineGenerateError
     return OmniServerError
+
+
+# Rows whose record cannot name their class, so a caller catches them by the
+# class the record does name (docs/errors/python.md): a GenerationError's
+# record is any stage 500 (EngineGenerateError), a RetryableRequestError's any
+# 503 (OmniServiceUnavailableError), a GracefulHTTPError's only its status.
+NOT_CAUGHT_BY_OWN_TYPE = {
+    "GenerationError",
+    "RetryableRequestError",
+    "GracefulHTTPError",
+}
 
 
 def test_every_table_row_is_covered() -> None:
@@ -140,6 +158,12 @@ async def test_nonfatal_row_round_trips(engine: AsyncOmni, spec: FaultConfig) ->
     expected = normalize(build_exception(spec), request_id=request_id, stage_id=STAGE)
     assert info.value.details == expected  # type: ignore[attr-defined]
     assert type(info.value) is _expected_class(expected)
+    # Catch by type: the row's own class catches what a stage raised (raw,
+    # non-vLLM exceptions are unknown server errors, asserted above).
+    raised_type = _resolve(spec.exception)
+    if issubclass(raised_type, VLLMError):
+        by_own_type = raised_type.__name__ not in NOT_CAUGHT_BY_OWN_TYPE
+        assert isinstance(info.value, raised_type) is by_own_type
     if spec.exception in STRICT_ONLY:
         assert (expected.category, expected.status_code) == ("server", 500)
     assert not engine.errored
@@ -208,15 +232,16 @@ async def test_a_legacy_wire_stage_is_read_by_status(pipeline_dir: Path) -> None
     }
     engine = await AsyncOmni.create(pipeline=write_pipeline(pipeline_dir, document))
     try:
-        with pytest.raises(OmniClientError) as not_found:
+        with pytest.raises(VLLMNotFoundError) as not_found:
             await collect(engine, "@404", request_id="legacy-404")
+        assert isinstance(not_found.value, OmniClientError)
         assert not_found.value.details is not None
         assert (not_found.value.details.category, not_found.value.status_code) == (
             "client",
             404,
         )
         assert not_found.value.details.message == "no voice"
-        with pytest.raises(OmniClientError) as invalid:
+        with pytest.raises(VLLMValidationError) as invalid:
             await collect(engine, "@400", request_id="legacy-400")
         # The legacy wire has no ``parameter``: it is lost, nothing else is.
         assert invalid.value.details is not None

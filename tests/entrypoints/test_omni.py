@@ -3,16 +3,27 @@
 from __future__ import annotations
 
 import os
+import pickle
+import re
+import runpy
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from vllm_omni.entrypoints.omni import Omni
 from vllm_omni.errors import (
+    GuardrailViolationError,
     OmniClientError,
+    OmniErrorDetails,
+    OmniServiceUnavailableError,
     VLLMClientError,
     VLLMValidationError,
+    normalize,
 )
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -31,9 +42,10 @@ def test_generate_one_and_many(omni: Omni) -> None:
 
 
 def test_guardrail_violation_is_a_client_error(omni: Omni) -> None:
-    with pytest.raises(VLLMClientError) as info:
+    with pytest.raises(GuardrailViolationError) as info:
         omni.generate("let us discuss the forbidden-topic")
     assert isinstance(info.value, OmniClientError)
+    assert isinstance(info.value, VLLMClientError)
     details = info.value.details
     assert details is not None
     assert details.error_type == "GuardrailViolationError"
@@ -76,3 +88,77 @@ def test_context_manager_stops_every_stage() -> None:
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+@pytest.mark.parametrize(
+    ("prompts", "parameter"),
+    [
+        (None, "prompts"),
+        (7, "prompts"),
+        ({"a": 1}, "prompts"),
+        (b"bytes", "prompts"),
+        (["fine", 7], "prompts[1]"),
+        (["fine", None], "prompts[1]"),
+    ],
+)
+def test_prompts_are_validated_at_the_boundary(
+    omni: Omni, prompts: Any, parameter: str
+) -> None:
+    with pytest.raises(VLLMValidationError) as info:
+        omni.generate(prompts)
+    assert info.value.parameter == parameter
+    assert info.value.details == OmniErrorDetails(  # type: ignore[attr-defined]
+        info.value.args[0], "client", 400, "BadRequestError", parameter=parameter
+    )
+    clone = pickle.loads(pickle.dumps(info.value))
+    assert clone.details == info.value.details  # type: ignore[attr-defined]
+
+
+def test_modalities_are_validated_with_details(omni: Omni) -> None:
+    with pytest.raises(VLLMValidationError) as info:
+        omni.generate("x", modalities=7)  # type: ignore[arg-type]
+    assert info.value.details.parameter == "modalities"  # type: ignore[attr-defined]
+
+
+def test_calls_after_close_are_503(recwarn: pytest.WarningsRecorder) -> None:
+    omni = Omni(pipeline="reference")
+    omni.close()
+    for _ in range(2):
+        with pytest.raises(OmniServiceUnavailableError) as info:
+            omni.generate("hello")
+        assert info.value.details == OmniErrorDetails(  # type: ignore[attr-defined]
+            "The engine is closed.", "server", 503, "ServiceUnavailableError"
+        )
+    omni.close()  # idempotent
+    assert not [w for w in recwarn if "never awaited" in str(w.message)]
+
+
+def _doc_blocks() -> tuple[str, str]:
+    text = (ROOT / "docs" / "errors" / "python.md").read_text()
+    example = re.search(r"```python\n(.*?)```", text, re.S)
+    output = re.search(r"It prints:\n\n```text\n(.*?)```", text, re.S)
+    assert example and output
+    return example.group(1), output.group(1)
+
+
+def test_the_python_doc_example_runs_as_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The example runs as a script would (``__name__ == "__main__"``), in
+    this process so that it reuses the stage launcher (no second vLLM
+    import), and prints exactly what the doc says it prints."""
+    code, expected = _doc_blocks()
+    script = tmp_path / "example.py"
+    script.write_text(code)
+    capsys.readouterr()
+    runpy.run_path(str(script), run_name="__main__")
+    assert capsys.readouterr().out == expected
+
+
+def test_a_bad_pipeline_is_a_validation_error_with_details(tmp_path: Path) -> None:
+    with pytest.raises(VLLMValidationError) as info:
+        Omni(pipeline=tmp_path / "nope.yaml")
+    details = info.value.details  # type: ignore[attr-defined]
+    assert isinstance(details, OmniErrorDetails)
+    assert (details.category, details.status_code) == ("client", 400)
+    assert normalize(info.value) == details

@@ -73,6 +73,7 @@ VALID = {
         ({"message": " padded "}, "message must be sanitized text"),
         ({"message": "x" * 1025}, "message must be sanitized text"),
         ({"message": b"bytes"}, "message must be sanitized text"),
+        ({"message": ""}, "message must not be empty"),
         ({"parameter": "bad param"}, "parameter must be a plain field path"),
         ({"parameter": "1st"}, "parameter must be a plain field path"),
         ({"parameter": "p" * 129}, "parameter must be a plain field path"),
@@ -113,7 +114,6 @@ def test_invariant_violation_is_not_a_value_error() -> None:
             "stage_id": 0,
             "fatal": True,
         },
-        VALID | {"message": ""},
         VALID | {"message": "word " * 204 + "wor…"},
     ],
 )
@@ -210,15 +210,15 @@ def test_to_wire_legacy_has_exactly_the_legacy_keys() -> None:
         ),
         (
             {"error": "busy", "status_code": 503},
-            OmniErrorDetails("busy", "server", 503, "InternalServerError"),
+            OmniErrorDetails("busy", "server", 503, "ServiceUnavailableError"),
         ),
         (
             {"error": "too big", "status_code": 413, "error_type": None},
-            OmniErrorDetails("too big", "client", 413, "BadRequestError"),
+            OmniErrorDetails("too big", "client", 413, "RequestTooLargeError"),
         ),
         (
             {"error": "at /opt/app/x.py", "status_code": 422, "extra": [1, 2]},
-            OmniErrorDetails("at <path>", "client", 422, "BadRequestError"),
+            OmniErrorDetails("at <path>", "client", 422, "UnprocessableEntityError"),
         ),
     ],
     ids=["4xx", "5xx-fatal", "5xx-no-type", "4xx-null-type", "unknown-key"],
@@ -241,8 +241,7 @@ def test_legacy_record_is_read_by_status(
         {"error": "x", "status_code": 503, "category": "client"},
         {"error": "x", "status_code": 400, "fatal": True},
         {"error": "x", "status_code": 500, "fatal": "yes"},
-        {"status_code": 500},
-        {"message": 7, "status_code": 500},
+        {"error": 7, "status_code": 500},
         {"message": "x", "status_code": 404, "category": "Client"},
     ],
 )
@@ -308,11 +307,15 @@ SECRETS = st.sampled_from(
         "\x07\u202e",
     ]
 )
-MESSAGES = st.one_of(
-    st.text(max_size=120),
-    st.lists(st.one_of(SECRETS, st.text(max_size=10)), max_size=5).map(" ".join),
-    st.text(min_size=1000, max_size=1500),
-).map(sanitize_message)
+MESSAGES = (
+    st.one_of(
+        st.text(max_size=120),
+        st.lists(st.one_of(SECRETS, st.text(max_size=10)), max_size=5).map(" ".join),
+        st.text(min_size=1000, max_size=1500),
+    )
+    .map(sanitize_message)
+    .filter(bool)
+)
 ERROR_TYPES = st.from_regex(r"[A-Za-z][A-Za-z0-9 _.-]{0,63}", fullmatch=True)
 PARAMETERS = st.from_regex(r"[A-Za-z_][A-Za-z0-9_.\[\]-]{0,127}", fullmatch=True)
 REQUEST_IDS = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}", fullmatch=True)
@@ -426,3 +429,73 @@ def test_record_and_sanitizer_import_without_vllm_or_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert out.stdout == "[]\n"
+
+
+# -- issue 13: defaults follow the status; message falls back to error --------
+
+
+@pytest.mark.parametrize(
+    ("status", "error_type"),
+    [
+        (400, "BadRequestError"),
+        (401, "AuthenticationError"),
+        (404, "NotFoundError"),
+        (409, "ConflictError"),
+        (413, "RequestTooLargeError"),
+        (422, "UnprocessableEntityError"),
+        (429, "RateLimitError"),
+        (418, "BadRequestError"),
+        (500, "InternalServerError"),
+        (501, "NotImplementedError"),
+        (503, "ServiceUnavailableError"),
+        (504, "GatewayTimeoutError"),
+        (599, "InternalServerError"),
+    ],
+)
+def test_a_record_without_a_type_gets_its_status_type(
+    status: int, error_type: str
+) -> None:
+    category = "client" if status < 500 else "server"
+    for legacy in ({"error": "x", "status_code": status}, {"error_type": None}):
+        record = OmniErrorDetails.from_wire(
+            {"error": "x", "status_code": status} | legacy
+        )
+        assert (record.category, record.error_type) == (category, error_type)
+    typed = {"message": "x", "category": category, "status_code": status}
+    assert OmniErrorDetails.from_wire(typed).error_type == error_type
+
+
+@pytest.mark.parametrize(
+    ("record", "message"),
+    [
+        (
+            {"message": None, "error": "old", "category": "client", "status_code": 400},
+            "old",
+        ),
+        ({"message": 7, "error": "old", "status_code": 404}, "old"),
+        ({"error": "old", "status_code": 404}, "old"),
+        ({"message": "new", "error": "old", "status_code": 404}, "new"),
+        ({"message": "", "status_code": 404}, "Not Found"),
+        ({"message": "  ", "error": "", "status_code": 409}, "Conflict"),
+        ({"status_code": 503}, "Service Unavailable"),
+        ({"message": None, "status_code": 500}, "Internal Server Error"),
+        ({"message": "", "status_code": 499}, "Client Error"),
+    ],
+    ids=[
+        "null-message",
+        "non-text-message",
+        "legacy",
+        "both",
+        "empty-404",
+        "blank-409",
+        "missing-503",
+        "null-500",
+        "empty-unknown-status",
+    ],
+)
+def test_reader_falls_back_from_message_to_error_to_the_status_phrase(
+    record: dict[str, Any], message: str
+) -> None:
+    details = OmniErrorDetails.from_wire(record)
+    assert details.message == message
+    assert details.status_code == record["status_code"]

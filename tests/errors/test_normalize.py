@@ -43,6 +43,10 @@ from vllm_omni.errors import (
     OmniServerError,
     OmniServiceUnavailableError,
     OmniStageTimeoutError,
+    RemoteOmniServiceUnavailableError,
+    RemoteOmniStageTimeoutError,
+    RemoteVLLMNotFoundError,
+    RemoteVLLMValidationError,
     VLLMClientError,
     VLLMError,
     VLLMNotFoundError,
@@ -55,6 +59,7 @@ from vllm_omni.errors import (
     sanitize_message,
     to_exception,
 )
+from vllm_omni.errors.types import REMOTE_TYPES
 
 GENERIC = "The server had an error while processing your request."
 PARAMETER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\[\]-]{0,127}$")
@@ -525,9 +530,11 @@ def test_empty_client_message_uses_the_reason_phrase() -> None:
     assert normalize(OmniConflictError("  \x00 ")).message == "Conflict"
 
 
-def test_garbage_declared_type_falls_back_to_the_default() -> None:
+def test_garbage_declared_type_falls_back_to_the_status_type() -> None:
     exc = OmniClientError("x", status_code=404, error_type="Not\nFound <b>")
-    assert normalize(exc) == OmniErrorDetails("x", "client", 404, "BadRequestError")
+    assert normalize(exc) == OmniErrorDetails("x", "client", 404, "NotFoundError")
+    odd = OmniClientError("x", status_code=418, error_type="Not\nFound <b>")
+    assert normalize(odd) == OmniErrorDetails("x", "client", 418, "BadRequestError")
 
 
 def test_out_of_range_declared_status_falls_back_to_the_default() -> None:
@@ -567,13 +574,14 @@ def test_last_resort_record_is_valid(stage_id: Any, kept: int | None) -> None:
 TO_EXCEPTION_CASES: list[tuple[OmniErrorDetails, type[VLLMError]]] = [
     (
         OmniErrorDetails("bad", "client", 400, "BadRequestError", parameter="n"),
-        OmniClientError,
+        RemoteVLLMValidationError,
     ),
     (
         OmniErrorDetails("gone", "client", 404, "NotFoundError", stage_id=1),
-        OmniClientError,
+        RemoteVLLMNotFoundError,
     ),
     (OmniErrorDetails("slow", "client", 429, "RateLimitError"), OmniClientError),
+    (OmniErrorDetails("odd", "client", 404, "Not Found"), OmniClientError),
     (
         OmniErrorDetails(GENERIC, "server", 500, "InternalServerError", fatal=True),
         OmniEngineDeadError,
@@ -590,10 +598,14 @@ TO_EXCEPTION_CASES: list[tuple[OmniErrorDetails, type[VLLMError]]] = [
     ),
     (
         OmniErrorDetails("late", "server", 504, "GatewayTimeoutError", stage_id=2),
-        OmniServerError,
+        RemoteOmniStageTimeoutError,
     ),
     (
         OmniErrorDetails("busy", "server", 503, "ServiceUnavailableError"),
+        RemoteOmniServiceUnavailableError,
+    ),
+    (
+        OmniErrorDetails("busy", "server", 503, "Service Unavailable"),
         OmniServerError,
     ),
     (OmniErrorDetails(GENERIC, "server", 500, "InternalServerError"), OmniServerError),
@@ -615,6 +627,11 @@ def test_to_exception(record: OmniErrorDetails, exc_type: type[VLLMError]) -> No
     assert isinstance(exc, VLLMClientError) is (record.category == "client")
     if exc_type in (OmniEngineDeadError, OmniEngineGenerateError):
         assert exc.stage_id == record.stage_id  # type: ignore[attr-defined]
+    # The 0.30 wrappers keep catching what they caught, for one release.
+    if record.category == "client":
+        assert isinstance(exc, OmniClientError)
+    elif not record.fatal and exc_type is not OmniEngineGenerateError:
+        assert isinstance(exc, OmniServerError)
 
 
 def test_a_client_record_with_503_cannot_exist() -> None:
@@ -820,7 +837,7 @@ GARBAGE = st.recursive(
 def _valid_details() -> st.SearchStrategy[OmniErrorDetails]:
     return st.builds(
         OmniErrorDetails,
-        message=TEXT.map(sanitize_message),
+        message=TEXT.map(sanitize_message).filter(bool),
         category=st.just("server"),
         status_code=st.integers(500, 599),
         error_type=st.just("InternalServerError"),
@@ -922,10 +939,13 @@ def test_to_exception_round_trips(record: OmniErrorDetails) -> None:
         stage_id=9 if record.stage_id is None else record.stage_id,
     )
     assert normalize(exc) == record
-    if record.category == "client":
-        assert type(exc) is OmniClientError
-    elif record.fatal:
+    remote = REMOTE_TYPES.get((record.category, record.status_code, record.error_type))
+    if record.fatal:
         assert type(exc) is OmniEngineDeadError
+    elif remote is not None:
+        assert type(exc) is remote
+    elif record.category == "client":
+        assert type(exc) is OmniClientError
     elif record.stage_id is not None and record.error_type == "InternalServerError":
         assert type(exc) is OmniEngineGenerateError
     else:

@@ -7,9 +7,9 @@ removed, reordered or changed on either side fails here."""
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 from pathlib import Path
 
+from vllm_omni import errors
 from vllm_omni.errors import (
     VLLMError,
     normalize,
@@ -23,6 +23,7 @@ from vllm_omni.errors.table import (
     StatusRow,
     row_for,
 )
+from vllm_omni.errors.types import REMOTE_TYPES
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "errors" / "status-mapping.md"
 
@@ -165,7 +166,13 @@ def test_inherited_rows() -> None:
         "Owner",
     ]
     with_rows = {row.exc_type for row in STATUS_TABLE}
-    inheriting = {cls for cls in _documented_subclasses() if cls not in with_rows}
+    # Remote rebuilds have their own table ("Records that crossed a boundary").
+    remote = set(REMOTE_TYPES.values())
+    inheriting = {
+        cls
+        for cls in _documented_subclasses()
+        if cls not in with_rows and cls not in remote
+    }
     assert sorted(row[0] for row in body) == sorted(
         _code(cls.__name__) for cls in inheriting
     ), "every upstream or Omni subclass without a row must be listed"
@@ -192,24 +199,32 @@ def test_framework_statuses() -> None:
     ]
 
 
-_RECORDS: dict[str, Callable[[], OmniErrorDetails]] = {
-    "client": lambda: OmniErrorDetails("x", "client", 404, "NotFoundError"),
-    "server, fatal": lambda: OmniErrorDetails(
-        "x", "server", 500, "InternalServerError", stage_id=1, fatal=True
-    ),
-    "server with a `stage_id` and type `InternalServerError`": lambda: OmniErrorDetails(
-        "x", "server", 500, "InternalServerError", stage_id=1
-    ),
-    "any other server record (for example 503, 504)": lambda: OmniErrorDetails(
-        "x", "server", 504, "GatewayTimeoutError", stage_id=1
-    ),
-}
+def _record(kind: str) -> OmniErrorDetails:
+    """A record of the kind a row of the records table describes."""
+    if kind == "server, fatal":
+        return OmniErrorDetails(
+            "x", "server", 500, "InternalServerError", stage_id=1, fatal=True
+        )
+    if kind == "any other client record":
+        return OmniErrorDetails("x", "client", 429, "RateLimitError")
+    if kind.startswith("server with a `stage_id`"):
+        return OmniErrorDetails("x", "server", 500, "InternalServerError", stage_id=1)
+    if kind == "any other server record":
+        return OmniErrorDetails("x", "server", 502, "Bad Gateway")
+    category, status, error_type = kind.split(" ")
+    return OmniErrorDetails("x", category, int(status), error_type.strip("`"))
 
 
 def test_to_exception_table() -> None:
     header, body = markdown_table("## Records that crossed a boundary")
-    assert header == ["Record", "Exception raised"]
-    assert [cells[0] for cells in body] == list(_RECORDS)
-    for record_kind, exception in body:
-        exc = to_exception(_RECORDS[record_kind]())
+    assert header == ["Record", "Exception raised", "Catch it as"]
+    kinds = [cells[0] for cells in body]
+    named = [f"{c} {s} `{t}`" for c, s, t in REMOTE_TYPES]
+    assert set(named) <= set(kinds), "every REMOTE_TYPES row must be documented"
+    assert len(kinds) == len(named) + 4
+    for record_kind, exception, catch_as in body:
+        exc = to_exception(_record(record_kind))
+        for name in catch_as.split(", "):
+            catch = getattr(errors, name.strip("`"))
+            assert isinstance(exc, catch), (record_kind, name)
         assert exception == _code(type(exc).__name__)

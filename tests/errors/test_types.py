@@ -156,6 +156,13 @@ def test_omni_client_error_0_30_constructor() -> None:
     assert record.message == "Unknown voice 'zz'"
     default = OmniClientError("bad")
     assert (default.status_code, default.error_type) == (400, "BadRequestError")
+    # A missing type follows the status (issue 13).
+    untyped = _warns_here(
+        lambda: errors.client_error_from_metadata(
+            "busy", status_code=409, error_type=None
+        )
+    )
+    assert untyped.error_type == "ConflictError"
 
 
 @pytest.mark.parametrize("status", [200, 399, 500, 503, 600])
@@ -209,6 +216,13 @@ def test_client_error_from_metadata() -> None:
         )
     )
     assert (default.status_code, default.error_type) == (400, "BadRequestError")
+    # A missing type follows the status (issue 13).
+    untyped = _warns_here(
+        lambda: errors.client_error_from_metadata(
+            "busy", status_code=409, error_type=None
+        )
+    )
+    assert untyped.error_type == "ConflictError"
 
 
 @pytest.mark.parametrize(
@@ -230,7 +244,7 @@ def test_raise_client_error_or_raises_client_error_for_4xx() -> None:
     assert (info.value.message, info.value.status_code, info.value.error_type) == (
         "no such job",
         404,
-        "BadRequestError",
+        "NotFoundError",
     )
 
 

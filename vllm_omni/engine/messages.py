@@ -9,10 +9,22 @@ unknown ``type`` or with malformed fields decodes to ``None`` (or, for an
 cannot crash an older one.
 
 An ``ErrorMessage`` carries the complete ``OmniErrorDetails`` field set flat,
-plus the 0.30 flat field ``error`` (a duplicate of ``message``). Its field
-logic lives in ``OmniErrorDetails.to_wire`` / ``from_wire``; this module only
-maps those dicts onto Structs. ``encode(msg, legacy_wire=True)`` sends an
-error with the legacy fields only, for a strict 0.30-era receiver.
+plus, for a fatal error, ``reason`` (the sanitized log text of the death).
+Three shapes go out, chosen by what the sender knows of its peer:
+
+- **full** (the default): also the 0.30 flat field ``error``, a duplicate of
+  ``message``, so a tolerant 0.30 receiver reads it;
+- **compact** (``encode(msg, compact=True)``): a ``CompactError`` (tag
+  ``e``, one-letter keys, each text once, defaults omitted), once both peers
+  speak wire ``WIRE_VERSION``; ``decode`` turns it back into an
+  ``ErrorMessage``, so receivers handle one error type. A stage announces
+  its wire version in ``Ready``; an orchestrator that speaks it too answers
+  ``Welcome``, and only then does the stage send compact records;
+- **legacy** (``encode(msg, legacy_wire=True)``): the 0.30 fields only, for a
+  strict 0.30-era receiver that rejects fields it does not know.
+
+Field logic lives in ``OmniErrorDetails.to_wire`` / ``from_wire``; this module
+only maps those dicts onto Structs.
 
 Media (audio, images, video) travels as msgspec ``bytes`` in ``Payload``,
 never in errors. This module must not import vLLM or torch, and must not
@@ -27,8 +39,14 @@ import msgspec
 
 from vllm_omni.errors.details import OmniErrorDetails
 
+# 1: the 0.30 error record (``error`` only); 2: 0.31 (``message`` and the
+# complete field set; compact records once both peers say so).
+WIRE_VERSION = 2
+
 __all__ = [
+    "WIRE_VERSION",
     "Abort",
+    "CompactError",
     "ErrorMessage",
     "Heartbeat",
     "LegacyErrorMessage",
@@ -40,6 +58,7 @@ __all__ = [
     "Submit",
     "UtilityRequest",
     "UtilityResponse",
+    "Welcome",
     "decode",
     "encode",
 ]
@@ -70,6 +89,18 @@ class Ready(_Base, tag="ready"):
     pid: int
     kind: str
     version: str = ""
+    # The error-record wire this stage speaks; a 0.30 stage does not say (1).
+    wire: int = 1
+
+
+class Welcome(_Base, tag="welcome"):
+    """Orchestrator → stage, answering ``Ready``: the wire both peers speak.
+
+    A 0.30 stage ignores it (unknown type); a 0.30 orchestrator never sends
+    it, so its stages keep sending the full record.
+    """
+
+    wire: int
 
 
 class Heartbeat(_Base, tag="heartbeat"):
@@ -102,33 +133,72 @@ class Abort(_Base, tag="abort"):
     request_id: str
 
 
-class ErrorMessage(_Base, tag="error"):
+class ErrorMessage(_Base, tag="error", omit_defaults=True):
     """Stage → orchestrator: a request (or the stage, when ``fatal``) failed.
 
-    The §3 field set flat, plus ``error``: the 0.30 name of ``message``.
+    The §3 field set flat, plus ``error`` (the 0.30 name of ``message``; empty
+    in a compact record) and ``reason`` (the log text of a fatal error).
     ``message``/``category``/``parameter`` are ``None`` when a legacy sender
-    omitted them; ``to_details`` then reads the record by its status.
+    omitted them; ``to_details`` then reads the record by its status. Fields
+    at their default are not sent: a 0.30 receiver has the same defaults.
     """
 
+    status_code: int
+    error_type: str
     error: str = ""
-    status_code: int = 500
-    error_type: str = "InternalServerError"
     fatal: bool = False
     request_id: str | None = None
     stage_id: int | None = None
     message: str | None = None
     category: str | None = None
     parameter: str | None = None
+    reason: str | None = None
 
     @classmethod
-    def from_details(cls, details: OmniErrorDetails) -> ErrorMessage:
-        return cls(**details.to_wire())
+    def from_details(
+        cls, details: OmniErrorDetails, *, reason: str | None = None
+    ) -> ErrorMessage:
+        return cls(**details.to_wire(), reason=reason)
 
     def to_details(self) -> OmniErrorDetails:
         fields = msgspec.structs.asdict(self)
+        fields.pop("reason")
         return OmniErrorDetails.from_wire(
             {key: value for key, value in fields.items() if value is not None}
         )
+
+
+class CompactError(
+    _Base,
+    tag="e",
+    omit_defaults=True,
+    rename={
+        "message": "m",
+        "category": "c",
+        "status_code": "s",
+        "error_type": "t",
+        "parameter": "p",
+        "request_id": "r",
+        "stage_id": "i",
+        "fatal": "f",
+        "reason": "why",
+    },
+):
+    """The error record between 0.31 peers: an ``ErrorMessage`` in fewer bytes.
+
+    Sent only after ``Welcome`` (a 0.30 orchestrator would drop the unknown
+    tag); ``decode`` returns it as an ``ErrorMessage``.
+    """
+
+    message: str
+    category: str
+    status_code: int
+    error_type: str
+    parameter: str | None = None
+    request_id: str | None = None
+    stage_id: int | None = None
+    fatal: bool = False
+    reason: str | None = None
 
 
 class LegacyErrorMessage(_Base, tag="error"):
@@ -163,26 +233,50 @@ class Shutdown(_Base, tag="shutdown"):
 
 Message = (
     Ready
+    | Welcome
     | Heartbeat
     | Submit
     | Output
     | Abort
     | ErrorMessage
+    | CompactError
     | UtilityRequest
     | UtilityResponse
     | Shutdown
 )
 
+_COMPACT_KEYS = {
+    field.name: field.encode_name for field in msgspec.structs.fields(CompactError)
+}
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)
 _raw_decoder = msgspec.msgpack.Decoder()
 
 
-def encode(message: Message, *, legacy_wire: bool = False) -> bytes:
-    """Serialize ``message``; with ``legacy_wire`` an error keeps only legacy fields."""
-    if legacy_wire and isinstance(message, ErrorMessage):
+def encode(
+    message: Message, *, legacy_wire: bool = False, compact: bool = False
+) -> bytes:
+    """Serialize ``message``; an error in the shape asked for (module docstring).
+
+    ``legacy_wire`` wins over ``compact``: a stage configured for a strict
+    0.30 receiver never sends anything else.
+    """
+    if isinstance(message, ErrorMessage) and (legacy_wire or compact):
+        details = message.to_details()
+        if legacy_wire:
+            return _encoder.encode(LegacyErrorMessage(**details.to_wire(legacy=True)))
         return _encoder.encode(
-            LegacyErrorMessage(**message.to_details().to_wire(legacy=True))
+            CompactError(
+                message=details.message,
+                category=details.category,
+                status_code=details.status_code,
+                error_type=details.error_type,
+                parameter=details.parameter,
+                request_id=details.request_id,
+                stage_id=details.stage_id,
+                fatal=details.fatal,
+                reason=message.reason,
+            )
         )
     return _encoder.encode(message)
 
@@ -195,13 +289,19 @@ def decode(data: bytes) -> Message | None:
     falls back to a safe server-500 record.
     """
     try:
-        return _decoder.decode(data)
+        message = _decoder.decode(data)
     except msgspec.DecodeError:
         pass
+    else:
+        if isinstance(message, CompactError):
+            return ErrorMessage(**msgspec.structs.asdict(message))
+        return message
     try:
         raw = _raw_decoder.decode(data)
     except msgspec.DecodeError:
         return None
-    if isinstance(raw, dict) and raw.get("type") == "error":
+    if isinstance(raw, dict) and raw.get("type") in ("error", "e"):
+        if raw["type"] == "e":
+            raw = {name: raw[key] for name, key in _COMPACT_KEYS.items() if key in raw}
         return ErrorMessage.from_details(OmniErrorDetails.from_wire(raw))
     return None

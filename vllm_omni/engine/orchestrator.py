@@ -438,9 +438,12 @@ class Orchestrator:
                     self._cancel_timer(request)
                 request.queue.put_nowait(message)
         elif isinstance(message, m.ErrorMessage):
-            self._on_error(handle, message.to_details())
+            self._on_error(handle, message.to_details(), message.reason)
         elif isinstance(message, m.Ready):
             handle.pid = message.pid
+            if message.wire >= m.WIRE_VERSION:
+                # The stage may now drop the 0.30 duplicate fields.
+                self._post(handle, m.Welcome(wire=m.WIRE_VERSION))
             if not handle.ready.done():
                 handle.ready.set_result(message)
             logger.info(
@@ -454,14 +457,16 @@ class Orchestrator:
             if future is not None and not future.done():
                 future.set_result(message.result)
 
-    def _on_error(self, handle: _StageHandle, details: OmniErrorDetails) -> None:
+    def _on_error(
+        self, handle: _StageHandle, details: OmniErrorDetails, reason: str | None
+    ) -> None:
         if details.request_id is None and not handle.ready.done():
             # The stage's startup record: the cause, before its process exits.
             self._fail_start(handle.config, details.message)
             return
         if details.fatal:
             self._mark_dead(
-                handle.config.id, "the stage reported a fatal error", details
+                handle.config.id, reason or "the stage reported a fatal error"
             )
             return
         request = self._by_wire.get(details.request_id or "")
@@ -536,9 +541,7 @@ class Orchestrator:
         for handle in waiting:
             handle.ready.set_exception(error)
 
-    def _mark_dead(
-        self, stage_id: int, reason: str, record: OmniErrorDetails | None = None
-    ) -> None:
+    def _mark_dead(self, stage_id: int, reason: str) -> None:
         if self._dead is not None or self._closed:
             return
         if not self._started:
@@ -548,13 +551,9 @@ class Orchestrator:
         dead.details = normalize(dead)
         self._dead = dead
         logger.error("engine dead: stage %d: %s", stage_id, reason)
-
-        def error_for(request: _Request) -> BaseException:
-            if record is not None and record.request_id == request.wire_id:
-                return to_exception(record)
-            return self._dead_error_for(request.wire_id)
-
-        self._close_requests(error_for)
+        # Every in-flight request, the one that triggered a fatal record
+        # included, gets the same error with the reason and its own id.
+        self._close_requests(lambda request: self._dead_error_for(request.wire_id))
         for handle in self._handles.values():
             if not handle.ready.done():
                 handle.ready.set_exception(self._dead_error_for(None))

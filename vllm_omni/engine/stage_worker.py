@@ -57,7 +57,7 @@ from vllm_omni import __version__
 from vllm_omni.config import PipelineConfig, StageConfig, load_pipeline
 from vllm_omni.engine import messages as m
 from vllm_omni.engine.faults import apply_fault, matching_fault
-from vllm_omni.errors import OmniServiceUnavailableError, normalize
+from vllm_omni.errors import OmniServiceUnavailableError, fatal_reason, normalize
 from vllm_omni.stages import build_stage
 from vllm_omni.stages.base import Stage
 
@@ -139,6 +139,8 @@ class StageWorker:
         # Nobody waits for a stopping stage's heartbeats: close at once,
         # unless a fatal record is on its way out.
         self._linger_ms = 0
+        # Compact error records only once the orchestrator said it reads them.
+        self._compact = False
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -193,6 +195,7 @@ class StageWorker:
                 pid=os.getpid(),
                 kind=self.spec.stage.kind,
                 version=__version__,
+                wire=1 if self.spec.stage.legacy_wire else m.WIRE_VERSION,
             )
         )
         return True
@@ -213,7 +216,9 @@ class StageWorker:
 
     async def _send(self, message: m.Message) -> None:
         assert self._socket is not None
-        data = m.encode(message, legacy_wire=self.spec.stage.legacy_wire)
+        data = m.encode(
+            message, legacy_wire=self.spec.stage.legacy_wire, compact=self._compact
+        )
         await self._socket.send(data)
 
     async def _receive(self, stop: asyncio.Event) -> None:
@@ -225,6 +230,8 @@ class StageWorker:
                 self._submit(message)
             elif isinstance(message, m.Abort):
                 self._abort(message.request_id)
+            elif isinstance(message, m.Welcome):
+                self._compact = message.wire >= m.WIRE_VERSION
             elif isinstance(message, m.UtilityRequest):
                 await self._send(
                     m.UtilityResponse(
@@ -283,6 +290,7 @@ class StageWorker:
                 "active": sorted(self._tasks),
                 "aborts": list(stats.aborts),
                 "cancelled": list(stats.cancelled),
+                "compact_errors": self._compact,
             }
         return {"error": f"unknown utility {method!r}"}
 
@@ -321,7 +329,8 @@ class StageWorker:
                 details.status_code,
                 exc_info=None if details.is_client else exc,
             )
-            await self._send(m.ErrorMessage.from_details(details))
+            reason = fatal_reason(exc) if details.fatal else None
+            await self._send(m.ErrorMessage.from_details(details, reason=reason))
             if details.fatal:
                 self._die()
 

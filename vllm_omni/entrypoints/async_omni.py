@@ -21,7 +21,9 @@ Usage (both forms start the stage processes; pick one)::
     engine.shutdown()
 
 This module must not classify or render errors: what it raises is what the
-stages raised (rebuilt by ``to_exception``) or a semantic exception of its own.
+stages raised (rebuilt by ``to_exception``) or a semantic exception of its own,
+passed through ``for_caller`` so that it carries ``.details`` (with the request
+id) and survives ``pickle``, like a response would.
 """
 
 from __future__ import annotations
@@ -34,7 +36,11 @@ from typing import Any, get_args
 
 from vllm_omni.config import PipelineConfig, WorkerBackend, load_pipeline
 from vllm_omni.engine.orchestrator import Orchestrator, StageLauncher, Transport
-from vllm_omni.errors import OmniEngineDeadError, VLLMValidationError
+from vllm_omni.errors import (
+    OmniEngineDeadError,
+    VLLMValidationError,
+    raise_for_caller,
+)
 from vllm_omni.outputs import OmniRequestOutput
 
 __all__ = ["AsyncOmni"]
@@ -75,7 +81,10 @@ class AsyncOmni:
         ray_address: str | None = None,
         stage_init_timeout_s: float | None = None,
     ) -> None:
-        self.config = load_pipeline(pipeline)
+        try:
+            self.config = load_pipeline(pipeline)
+        except Exception as exc:
+            raise_for_caller(exc)
         self.worker_backend = _backend(worker_backend or self.config.worker_backend)
         launcher: StageLauncher | None = None
         if self.worker_backend == "ray":
@@ -115,7 +124,10 @@ class AsyncOmni:
         if a stage fails to start, and ``OmniServiceUnavailableError`` if the
         stages are not ready in time.
         """
-        await self._orchestrator.start()
+        try:
+            await self._orchestrator.start()
+        except Exception as exc:
+            raise_for_caller(exc)
 
     async def __aenter__(self) -> AsyncOmni:
         if not self.is_running:
@@ -168,28 +180,45 @@ class AsyncOmni:
         - ``OmniEngineDeadError`` (an ``EngineDeadError``) when the engine is
           dead, before or during the request;
         - ``VLLMValidationError`` (before submission) for bad modalities,
-          prompt or params types; ``OmniServiceUnavailableError`` (503) when
-          the pipeline has no stage for a modality; ``OmniConflictError``
-          (409) when ``request_id`` is already in flight;
-        - ``OmniClientError`` (remote, with ``.details``) when a stage
-          rejected the request (validation 400, unknown voice 404,
-          undecodable image 422, guardrail 400);
-        - ``OmniEngineGenerateError`` (``stage_id``, ``.details``) for a
-          nonfatal stage failure, ``OmniServerError`` for other typed server
-          errors a stage raised;
+          prompt, params or ``request_id`` types; ``OmniServiceUnavailableError``
+          (503) when the pipeline has no stage for a modality or the engine
+          is shut down; ``OmniConflictError`` (409) when ``request_id`` is
+          already in flight;
+        - the semantic class a stage raised, rebuilt from its record when a
+          stage rejected the request (``VLLMValidationError`` 400,
+          ``VLLMNotFoundError`` 404 for an unknown voice,
+          ``VLLMUnprocessableEntityError`` 422, ``GuardrailViolationError``);
+          each is also an ``OmniClientError`` for one release;
+        - ``OmniEngineGenerateError`` (``stage_id``) for a nonfatal stage
+          failure, the semantic 501/503/504 class or ``OmniServerError`` for
+          other server errors a stage raised;
         - ``OmniStageTimeoutError`` (504, ``stage_id``) when a stage misses
           its deadline; the request is aborted in every stage.
+
+        Every exception carries ``.details``, the record the server would
+        render (with this ``request_id``), and survives ``pickle``.
         """
         if request_id is None:
             request_id = f"omni-{uuid.uuid4().hex}"
-        wanted = (modalities,) if isinstance(modalities, str) else tuple(modalities)
-        stream = self._orchestrator.generate(
-            prompt, request_id=request_id, modalities=wanted, params=params or {}
-        )
-        # aclosing: closing this generator aborts the request at once.
-        async with contextlib.aclosing(stream) as outputs:
-            async for output in outputs:
-                yield output
+        try:
+            if not isinstance(request_id, str) or not request_id:
+                raise VLLMValidationError(
+                    "request_id must be a non-empty string", parameter="request_id"
+                )
+            stream = self._orchestrator.generate(
+                prompt,
+                request_id=request_id,
+                modalities=parse_modalities(modalities),
+                params=params or {},
+            )
+            # aclosing: closing this generator aborts the request at once.
+            async with contextlib.aclosing(stream) as outputs:
+                async for output in outputs:
+                    yield output
+        except Exception as exc:
+            raise_for_caller(
+                exc, request_id=request_id if isinstance(request_id, str) else None
+            )
 
     async def abort(self, request_id: str) -> None:
         """Abort a request in every stage; its stream ends with
@@ -227,7 +256,8 @@ class AsyncOmni:
 
         Per stage id: ``submitted``/``completed``/``failed`` counts, ``active``
         request ids, recent ``aborts`` (every abort received) and
-        ``cancelled`` (aborts that stopped running work), ``pid``; ``None``
+        ``cancelled`` (aborts that stopped running work), ``pid``,
+        ``compact_errors`` (the orchestrator welcomed 0.31 records); ``None``
         for a stage that cannot answer (e.g. it died).
         """
         return await self._orchestrator.call_utility("stats")
@@ -252,3 +282,17 @@ def _backend(name: str) -> WorkerBackend:
             parameter="worker_backend",
         )
     return name  # type: ignore[return-value]
+
+
+def parse_modalities(modalities: object) -> tuple[str, ...]:
+    """``generate``'s ``modalities`` as a tuple of names (checked by the route)."""
+    if isinstance(modalities, str):
+        return (modalities,)
+    if isinstance(modalities, Iterable) and not isinstance(modalities, Mapping):
+        wanted = tuple(modalities)
+        if all(isinstance(modality, str) for modality in wanted):
+            return wanted
+    raise VLLMValidationError(
+        "modalities must be a modality name or a list of them",
+        parameter="modalities",
+    )

@@ -2,13 +2,13 @@
 
 Owns a private event loop running in a daemon thread, on which one
 ``AsyncOmni`` lives; every call is submitted to that loop and waited for.
-Errors arrive as exceptions (DESIGN §4, offline Python): the semantic
-exception when it was raised in this process (``VLLMValidationError`` for bad
-modalities, ``OmniServiceUnavailableError``, ...), or the remote
-``OmniClientError`` / ``OmniServerError`` / ``OmniEngineGenerateError`` /
-``OmniEngineDeadError`` / ``OmniStageTimeoutError`` carrying ``.details``.
-With ``raise_on_error=False`` a failed prompt instead returns an output whose
-``details`` is the error record.
+Errors arrive as exceptions (DESIGN §4, offline Python), like responses
+arrive over HTTP: the most specific semantic exception, whether it was raised
+in this process (``VLLMValidationError`` for bad prompts or modalities,
+``OmniServiceUnavailableError`` after ``close``, ...) or in a stage (rebuilt
+from its record); every one carries ``.details`` with its request id and
+survives ``pickle``. With ``raise_on_error=False`` a failed prompt instead
+returns an output whose ``details`` is the error record.
 
 Usage (a plain top-level script, ``python - < script.py`` or a notebook:
 stage processes never re-run the caller's main module)::
@@ -32,8 +32,13 @@ from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
 from vllm_omni.config import PipelineConfig
-from vllm_omni.entrypoints.async_omni import AsyncOmni
-from vllm_omni.errors import normalize
+from vllm_omni.entrypoints.async_omni import AsyncOmni, parse_modalities
+from vllm_omni.errors import (
+    OmniServiceUnavailableError,
+    VLLMValidationError,
+    normalize,
+    raise_for_caller,
+)
 from vllm_omni.outputs import DiffusionOutput, OmniRequestOutput
 
 __all__ = ["Omni"]
@@ -62,11 +67,20 @@ class Omni:
             self.engine: AsyncOmni = self._call(
                 AsyncOmni.create(pipeline, **engine_kwargs)
             )
+        except Exception as exc:
+            self._stop_loop()
+            raise_for_caller(exc)
         except BaseException:
             self._stop_loop()
             raise
 
     def _call(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        if self._closed:
+            coro.close()  # never scheduled: no "never awaited" warning
+            raise_for_caller(OmniServiceUnavailableError("The engine is closed."))
+        return self._run_on_loop(coro)
+
+    def _run_on_loop(self, coro: Coroutine[Any, Any, _T]) -> _T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     @overload
@@ -101,11 +115,17 @@ class Omni:
 
         A list runs concurrently. With ``raise_on_error`` (default) the first
         failure in prompt order is raised; otherwise failed prompts return an
-        output with ``details`` set and ``finished=True``.
+        output with ``details`` set and ``finished=True``. Prompts that are
+        not a string or a list of strings raise ``VLLMValidationError``
+        (``prompts`` / ``prompts[i]``) before anything runs; a call after
+        ``close`` raises ``OmniServiceUnavailableError``.
         """
         single = isinstance(prompts, str)
-        batch = [prompts] if single else list(prompts)
-        wanted = (modalities,) if isinstance(modalities, str) else tuple(modalities)
+        try:
+            batch = [prompts] if single else _prompt_list(prompts)
+            wanted = parse_modalities(modalities)
+        except VLLMValidationError as exc:
+            raise_for_caller(exc)
         outputs = self._call(self._run_all(batch, wanted, params, raise_on_error))
         return outputs[0] if single else outputs
 
@@ -155,7 +175,7 @@ class Omni:
             return
         self._closed = True
         try:
-            self._call(_shutdown(self.engine))
+            self._run_on_loop(_shutdown(self.engine))
         finally:
             self._stop_loop()
 
@@ -170,6 +190,23 @@ class Omni:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _prompt_list(prompts: object) -> list[str]:
+    """A batch of prompts, or ``VLLMValidationError`` naming the bad one."""
+    if isinstance(prompts, Mapping | bytes | bytearray) or not isinstance(
+        prompts, Iterable
+    ):
+        raise VLLMValidationError(
+            "prompts must be a string or a list of strings", parameter="prompts"
+        )
+    batch = list(prompts)
+    for index, prompt in enumerate(batch):
+        if not isinstance(prompt, str):
+            raise VLLMValidationError(
+                "each prompt must be a string", parameter=f"prompts[{index}]"
+            )
+    return batch
 
 
 async def _shutdown(engine: AsyncOmni) -> None:

@@ -47,9 +47,7 @@ def client_error_from_metadata(
     """Deprecated: build an ``OmniClientError`` from flat fields."""
     _deprecated("client_error_from_metadata")
     return OmniClientError(
-        message,
-        status_code=status_code or 400,
-        error_type=error_type or "BadRequestError",
+        message, status_code=status_code or 400, error_type=error_type or None
     )
 
 
@@ -70,6 +68,6 @@ def raise_client_error_or(
     _deprecated("raise_client_error_or")
     if status_code is not None and int(status_code) in _CLIENT_STATUSES:
         raise OmniClientError(
-            message, status_code=status_code, error_type=error_type or "BadRequestError"
+            message, status_code=status_code, error_type=error_type or None
         )
     raise fallback(message)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any, Literal
 
 from vllm_omni.errors.sanitize import (
@@ -28,10 +29,13 @@ from vllm_omni.errors.sanitize import (
 __all__ = [
     "DEFAULT_STATUS",
     "DEFAULT_TYPE",
+    "HTTP_STATUS_TYPES",
     "LEGACY_WIRE_FIELDS",
     "STATUS_RANGES",
     "WIRE_FIELDS",
     "OmniErrorDetails",
+    "default_type",
+    "status_phrase",
 ]
 
 GENERIC_SERVER_MESSAGE = "The server had an error while processing your request."
@@ -42,6 +46,25 @@ DEFAULT_STATUS: dict[str, int] = {"client": 400, "server": 500}
 DEFAULT_TYPE: dict[str, str] = {
     "client": "BadRequestError",
     "server": "InternalServerError",
+}
+# The public type of a status when nothing more specific is known (a record
+# without a type, the web framework's own errors, an explicit compat status);
+# names follow the OpenAI SDK's exception classes.
+HTTP_STATUS_TYPES: dict[int, str] = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    403: "PermissionDeniedError",
+    404: "NotFoundError",
+    405: "MethodNotAllowedError",
+    409: "ConflictError",
+    413: "RequestTooLargeError",
+    415: "UnsupportedMediaTypeError",
+    422: "UnprocessableEntityError",
+    429: "RateLimitError",
+    500: "InternalServerError",
+    501: "NotImplementedError",
+    503: "ServiceUnavailableError",
+    504: "GatewayTimeoutError",
 }
 _ERROR_TYPE_RE = re.compile(r"[A-Za-z][A-Za-z0-9 _.-]{0,63}")
 
@@ -80,6 +103,21 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def default_type(status: int, category: str | None = None) -> str:
+    """The public type of ``status`` when a record or exception names none."""
+    if category is None:
+        category = "client" if status in STATUS_RANGES["client"] else "server"
+    return HTTP_STATUS_TYPES.get(status, DEFAULT_TYPE[category])
+
+
+def status_phrase(status: int) -> str:
+    """The HTTP reason phrase of ``status``: the message of a record that has none."""
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Client Error" if status in STATUS_RANGES["client"] else "Server Error"
+
+
 @dataclass(frozen=True, slots=True)
 class OmniErrorDetails:
     """A sanitized, owner-tagged error record that survives any boundary."""
@@ -116,6 +154,8 @@ class OmniErrorDetails:
             self.message
         ):
             return "message must be sanitized text"
+        if not self.message.strip():
+            return "message must not be empty (use the status phrase)"
         if self.parameter is not None and sanitize_parameter(self.parameter) is None:
             return "parameter must be a plain field path"
         if self.request_id is not None and sanitize_request_id(self.request_id) is None:
@@ -193,15 +233,19 @@ def _read_wire(
     category = data.get("category")
     if category is None:
         category = next(name for name, span in STATUS_RANGES.items() if status in span)
-    message = data.get("message", data.get("error"))
+    # ``message`` is the 0.31 name, ``error`` the 0.30 one: a record may carry
+    # either (a compact 0.31 record has no ``error``), or both.
+    message = data.get("message")
     if not isinstance(message, str):
-        raise RuntimeError("message missing")
+        message = data.get("error")
+    if message is not None and not isinstance(message, str):
+        raise RuntimeError("message is not text")
     error_type = data.get("error_type")
     if not (isinstance(error_type, str) and _ERROR_TYPE_RE.fullmatch(error_type)):
-        error_type = DEFAULT_TYPE[category]
+        error_type = default_type(status, category)
     fatal = data.get("fatal", False)
     return OmniErrorDetails(
-        message=sanitize_message(message),
+        message=sanitize_message(message or "").strip() or status_phrase(status),
         category=category,
         status_code=status,
         error_type=error_type,

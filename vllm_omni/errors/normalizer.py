@@ -4,22 +4,26 @@
 ``normalize`` is the only place that looks at an exception to decide owner,
 status, public type, parameter and public text; everything downstream reads
 the record. It reads the status table, sanitizes once, and never raises.
-``to_exception`` rebuilds an exception from a record by ``category`` (never by
-status range), for the offline API and for errors that crossed a process.
+``to_exception`` rebuilds the most specific exception from a record, by
+``category`` (never by status range), for errors that crossed a process;
+``for_caller`` is what the Python APIs raise: always with ``.details``,
+always picklable.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
+import pickle
+from typing import Any, Literal, NoReturn
 
 from vllm_omni.errors.details import (
     DEFAULT_STATUS,
-    DEFAULT_TYPE,
     GENERIC_SERVER_MESSAGE,
     STATUS_RANGES,
     OmniErrorDetails,
+    default_type,
     is_stage_id,
+    status_phrase,
 )
 from vllm_omni.errors.sanitize import (
     sanitize_message,
@@ -32,6 +36,8 @@ from vllm_omni.errors.table import (
     row_for,
 )
 from vllm_omni.errors.types import (
+    REMOTE_TYPES,
+    UNPICKLABLE_UPSTREAM,
     OmniClientError,
     OmniEngineDeadError,
     OmniEngineGenerateError,
@@ -39,9 +45,18 @@ from vllm_omni.errors.types import (
     VLLMError,
     VLLMUnprocessableEntityError,
     VLLMValidationError,
+    _OmniException,
 )
 
-__all__ = ["Mode", "from_request_error", "normalize", "to_exception"]
+__all__ = [
+    "Mode",
+    "fatal_reason",
+    "for_caller",
+    "from_request_error",
+    "normalize",
+    "raise_for_caller",
+    "to_exception",
+]
 
 Mode = Literal["strict", "legacy"]
 
@@ -110,7 +125,9 @@ def _from_row(
         fixed = _attr(exc, "CLIENT_MESSAGE")
         message = fixed if isinstance(fixed, str) else GENERIC_SERVER_MESSAGE
     else:
-        message = sanitize_message(_own_text(exc)) or phrase_type(status)
+        message = sanitize_message(_own_text(exc))
+        if not message.strip():
+            message = status_phrase(status)
 
     record = dict(
         message=message,
@@ -127,7 +144,7 @@ def _from_row(
     except RuntimeError:
         # Only a class-declared error_type can fail here (a free-form string on
         # a compat type): keep everything else and use the default type.
-        record["error_type"] = DEFAULT_TYPE[category]
+        record["error_type"] = default_type(status, category)
         return OmniErrorDetails(**record)  # type: ignore[arg-type]
 
 
@@ -177,8 +194,26 @@ def is_legacy_fallback(exc: BaseException) -> bool:
     return row_for(type(exc), True).legacy_fallback
 
 
-def to_exception(details: OmniErrorDetails) -> VLLMError:
-    """Rebuild an exception from a record, by ``category`` (DESIGN §3)."""
+def to_exception(details: OmniErrorDetails, *, reason: str | None = None) -> VLLMError:
+    """Rebuild the most specific known exception from a record (DESIGN §3).
+
+    Ownership comes from ``category``, never from a status range. A record
+    whose (category, status, type) names a semantic class is rebuilt as its
+    ``Remote*`` class (the semantic class and the 0.30 wrapper at once); a
+    fatal record as ``OmniEngineDeadError`` (``reason`` is its log text); a
+    stage's internal 500 as ``OmniEngineGenerateError``; anything else as
+    the wrapper ``OmniClientError`` / ``OmniServerError``. Each carries
+    ``.details`` equal to the record.
+    """
+    if details.fatal:
+        return OmniEngineDeadError(
+            stage_id=details.stage_id, reason=reason, details=details
+        )
+    remote = REMOTE_TYPES.get(
+        (details.category, details.status_code, details.error_type)
+    )
+    if remote is not None:
+        return remote(details)  # type: ignore[call-arg]
     if details.category == "client":
         return OmniClientError(
             details.message,
@@ -186,8 +221,6 @@ def to_exception(details: OmniErrorDetails) -> VLLMError:
             error_type=details.error_type,
             details=details,
         )
-    if details.fatal:
-        return OmniEngineDeadError(stage_id=details.stage_id, details=details)
     if details.stage_id is not None and details.error_type == "InternalServerError":
         return OmniEngineGenerateError(
             details.message, stage_id=details.stage_id, details=details
@@ -198,6 +231,52 @@ def to_exception(details: OmniErrorDetails) -> VLLMError:
         error_type=details.error_type,
         details=details,
     )
+
+
+def _survives_pickle(exc: BaseException) -> bool:
+    if isinstance(exc, UNPICKLABLE_UPSTREAM) and not isinstance(exc, _OmniException):
+        return False
+    try:
+        copy = pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return False
+    return type(copy) is type(exc) and copy.args == exc.args
+
+
+def for_caller(exc: Exception, *, request_id: str | None = None) -> VLLMError:
+    """What a Python API raises for ``exc``: always a ``VLLMError`` with ``.details``.
+
+    The Python APIs are a transport like HTTP: ``.details`` is the record the
+    server would render (with the request id). A semantic exception that
+    survives ``pickle`` is handed on itself, with ``.details`` set; anything
+    else (an upstream type that cannot round-trip, an unknown exception) is
+    replaced by the record rebuilt with ``to_exception``; raise it ``from``
+    the original, which keeps the traceback in this process.
+    """
+    details = normalize(exc, request_id=request_id)
+    if isinstance(exc, VLLMError) and _survives_pickle(exc):
+        try:
+            exc.details = details  # type: ignore[attr-defined]
+        except Exception:
+            return to_exception(details, reason=_attr(exc, "reason"))
+        return exc
+    reason = _attr(exc, "reason")
+    return to_exception(details, reason=reason if isinstance(reason, str) else None)
+
+
+def raise_for_caller(exc: Exception, *, request_id: str | None = None) -> NoReturn:
+    """Raise ``for_caller(exc)``: ``exc`` itself, or its rebuild ``from`` it."""
+    error = for_caller(exc, request_id=request_id)
+    if error is exc:
+        raise exc
+    raise error from exc
+
+
+def fatal_reason(exc: BaseException) -> str:
+    """The sanitized log text of a fatal error, to travel beside its record."""
+    reason = _attr(exc, "reason")
+    text = reason if isinstance(reason, str) else ""
+    return sanitize_message(text).strip() or type(exc).__name__
 
 
 def from_request_error(

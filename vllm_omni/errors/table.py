@@ -21,7 +21,10 @@ from typing import Literal
 
 from vllm.exceptions import RetryableRequestError
 
-from vllm_omni.errors.details import DEFAULT_TYPE, STATUS_RANGES
+# HTTP_STATUS_TYPES is re-exported: the framework handler and the docs test
+# read it from here, beside the table.
+from vllm_omni.errors.details import HTTP_STATUS_TYPES as HTTP_STATUS_TYPES
+from vllm_omni.errors.details import default_type
 from vllm_omni.errors.types import (
     EngineDeadError,
     EngineGenerateError,
@@ -188,26 +191,6 @@ LEGACY_FALLBACKS: tuple[StatusRow, ...] = (
     ),
 )
 
-# Public types for statuses that the web framework itself produces (unknown
-# route, wrong method, …) and for explicit compat statuses; names follow the
-# OpenAI SDK's exception classes.
-HTTP_STATUS_TYPES: dict[int, str] = {
-    400: "BadRequestError",
-    401: "AuthenticationError",
-    403: "PermissionDeniedError",
-    404: "NotFoundError",
-    405: "MethodNotAllowedError",
-    409: "ConflictError",
-    413: "RequestTooLargeError",
-    415: "UnsupportedMediaTypeError",
-    422: "UnprocessableEntityError",
-    429: "RateLimitError",
-    500: "InternalServerError",
-    501: "NotImplementedError",
-    503: "ServiceUnavailableError",
-    504: "GatewayTimeoutError",
-}
-
 _BY_TYPE: dict[type[BaseException], StatusRow] = {r.exc_type: r for r in STATUS_TABLE}
 _LEGACY_BY_TYPE: dict[type[BaseException], StatusRow] = {
     r.exc_type: r for r in LEGACY_FALLBACKS
@@ -250,4 +233,4 @@ def phrase_type(status: int) -> str:
     try:
         return HTTPStatus(status).phrase
     except ValueError:
-        return DEFAULT_TYPE["client" if status in STATUS_RANGES["client"] else "server"]
+        return default_type(status)

@@ -24,13 +24,27 @@ The tree (status and public ``error.type`` in brackets)::
 
 Each Omni type carries its status and public type as class data
 (``status_code``, ``error_type``); the status table in ``table.py`` reads them,
-so the numbers live in exactly one place. This module owns the classes only:
-it does not map, sanitize or render.
+so the numbers live in exactly one place.
+
+Errors that crossed a process are rebuilt (``to_exception``) as the most
+specific semantic class the record names. For one release each of those is
+also the wrapper it used to be, through a ``Remote*`` class that inherits
+both: ``RemoteVLLMNotFoundError`` is a ``VLLMNotFoundError`` *and* an
+``OmniClientError``.
+
+Every Omni type survives ``pickle`` (any protocol), ``copy`` and
+``deepcopy`` with its message, attributes and ``.details``: it pickles as
+"its class, its ``args``, its ``__dict__``" and is restored without calling
+``__init__``, so keyword-only constructors (upstream's ``EngineDeadError``
+pattern) cannot break a process pool. Upstream types that cannot round-trip
+are listed in ``UNPICKLABLE_UPSTREAM``; the APIs never hand them to callers.
+
+This module owns the classes only: it does not map, sanitize or render.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from vllm.exceptions import (
     GenerationError,
@@ -44,12 +58,14 @@ from vllm.exceptions import (
 )
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
-from vllm_omni.errors.details import STATUS_RANGES
+from vllm_omni.errors.details import STATUS_RANGES, default_type
 
 if TYPE_CHECKING:
     from vllm_omni.errors.details import OmniErrorDetails
 
 __all__ = [
+    "REMOTE_TYPES",
+    "UNPICKLABLE_UPSTREAM",
     "EngineDeadError",
     "EngineGenerateError",
     "GenerationError",
@@ -63,6 +79,14 @@ __all__ = [
     "OmniServerError",
     "OmniServiceUnavailableError",
     "OmniStageTimeoutError",
+    "RemoteGuardrailViolationError",
+    "RemoteOmniConflictError",
+    "RemoteOmniNotImplementedError",
+    "RemoteOmniServiceUnavailableError",
+    "RemoteOmniStageTimeoutError",
+    "RemoteVLLMNotFoundError",
+    "RemoteVLLMUnprocessableEntityError",
+    "RemoteVLLMValidationError",
     "VLLMClientError",
     "VLLMError",
     "VLLMNotFoundError",
@@ -72,7 +96,50 @@ __all__ = [
 ]
 
 
-class _StatusOnClass:
+def _restore(
+    cls: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]
+) -> BaseException:
+    """Unpickle an Omni exception: no ``__init__``, so any signature survives."""
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    exc.__dict__.update(state)
+    return exc
+
+
+class _OmniException:
+    """Mixin for every Omni type: pickles whole, shows its status in ``repr``.
+
+    ``details`` is the record the server would render for this exception;
+    the APIs set it on everything they raise (``None`` on a bare instance).
+    """
+
+    details: OmniErrorDetails | None = None
+    args: tuple[Any, ...]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # BaseException's own reduce calls ``cls(*args)``, which fails for
+        # keyword-only constructors and doubles EngineDeadError's args.
+        return (_restore, (type(self), self.args, dict(vars(self))))
+
+    def __repr__(self) -> str:
+        details = self.details
+        status = getattr(self, "status_code", None)
+        error_type = getattr(self, "error_type", None)
+        stage = getattr(self, "stage_id", None)
+        if details is not None:
+            status, error_type = details.status_code, details.error_type
+            stage = details.stage_id if details.stage_id is not None else stage
+        try:
+            text = str(self)
+        except Exception:
+            text = "<unprintable>"
+        return (
+            f"{type(self).__name__}({text!r}, status_code={status!r}, "
+            f"error_type={error_type!r}, stage_id={stage!r})"
+        )
+
+
+class _StatusOnClass(_OmniException):
     """Mixin: an Omni type whose status and public type are fixed class data."""
 
     status_code: ClassVar[int]
@@ -178,7 +245,7 @@ class OmniEngineDeadError(_StatusOnClass, EngineDeadError):
 # -- compatibility and remote wrappers ---------------------------------------
 
 
-class _ExplicitStatus:
+class _ExplicitStatus(_OmniException):
     """Mixin: an error whose status and public type are given per instance."""
 
     _statuses: ClassVar[range]
@@ -187,12 +254,12 @@ class _ExplicitStatus:
         self,
         message: str,
         status_code: int,
-        error_type: str,
+        error_type: str | None,
         details: OmniErrorDetails | None,
     ) -> None:
         self.message = message
         self.status_code = int(status_code)
-        self.error_type = error_type
+        self.error_type = error_type or default_type(self.status_code)
         self.details = details
         if self.status_code not in self._statuses:
             family = f"{self._statuses.start // 100}xx"
@@ -204,8 +271,9 @@ class _ExplicitStatus:
 class OmniClientError(_ExplicitStatus, VLLMClientError):
     """A client error with an explicit 4xx status: compat type and remote wrapper.
 
-    Kept with its 0.30 constructor. It is no longer a ``ValueError``: catch
-    ``VLLMClientError`` (or a specific subtype) instead.
+    Kept with its 0.30 constructor; ``error_type`` defaults to the status's
+    type (404 ``NotFoundError``, 409 ``ConflictError``, ...). It is no longer
+    a ``ValueError``: catch ``VLLMClientError`` (or a specific subtype).
     """
 
     _statuses = STATUS_RANGES["client"]
@@ -215,7 +283,7 @@ class OmniClientError(_ExplicitStatus, VLLMClientError):
         message: str,
         *,
         status_code: int = 400,
-        error_type: str = "BadRequestError",
+        error_type: str | None = None,
         details: OmniErrorDetails | None = None,
     ) -> None:
         super().__init__(message)
@@ -232,8 +300,92 @@ class OmniServerError(_ExplicitStatus, VLLMServerError):
         message: str,
         *,
         status_code: int = 500,
-        error_type: str = "InternalServerError",
+        error_type: str | None = None,
         details: OmniErrorDetails | None = None,
     ) -> None:
         super().__init__(message)
         self._set_status(message, status_code, error_type, details)
+
+
+# -- remote rebuilds ---------------------------------------------------------
+
+
+class _Remote:
+    """Mixin: a semantic type rebuilt from a record that crossed a process.
+
+    Built only by ``to_exception``; ``__init__`` takes the record, so the
+    semantic parent's constructor (which wants the original arguments) is
+    never called. ``.details`` is the record, verbatim.
+    """
+
+    parameter: str | None = None
+    value: None = None  # upstream's __str__ reads it; the rejected value never travels
+    stage_id: int | None = None
+
+    def __init__(self, details: OmniErrorDetails) -> None:
+        Exception.__init__(self, details.message)  # type: ignore[arg-type]
+        self._set_status(  # type: ignore[attr-defined]
+            details.message, details.status_code, details.error_type, details
+        )
+        self.parameter = details.parameter
+        self.stage_id = details.stage_id
+
+
+class RemoteVLLMValidationError(_Remote, VLLMValidationError, OmniClientError):
+    """A stage's 400: a ``VLLMValidationError`` and an ``OmniClientError``."""
+
+
+class RemoteVLLMNotFoundError(_Remote, VLLMNotFoundError, OmniClientError):
+    """A stage's 404: a ``VLLMNotFoundError`` and an ``OmniClientError``."""
+
+
+class RemoteVLLMUnprocessableEntityError(
+    _Remote, VLLMUnprocessableEntityError, OmniClientError
+):
+    """A stage's 422: a ``VLLMUnprocessableEntityError`` and an ``OmniClientError``."""
+
+
+class RemoteGuardrailViolationError(_Remote, GuardrailViolationError, OmniClientError):
+    """A guardrail's 400: a ``GuardrailViolationError`` and an ``OmniClientError``."""
+
+
+class RemoteOmniConflictError(_Remote, OmniConflictError, OmniClientError):
+    """A stage's 409: an ``OmniConflictError`` and an ``OmniClientError``."""
+
+
+class RemoteOmniNotImplementedError(_Remote, OmniNotImplementedError, OmniServerError):
+    """A stage's 501: an ``OmniNotImplementedError`` and an ``OmniServerError``."""
+
+
+class RemoteOmniServiceUnavailableError(
+    _Remote, OmniServiceUnavailableError, OmniServerError
+):
+    """A stage's 503: an ``OmniServiceUnavailableError`` and an ``OmniServerError``."""
+
+
+class RemoteOmniStageTimeoutError(_Remote, OmniStageTimeoutError, OmniServerError):
+    """A stage's own 504: an ``OmniStageTimeoutError`` and an ``OmniServerError``."""
+
+
+# Which class ``to_exception`` rebuilds, by the record's (category, status,
+# public type): the semantic parent's row of the status table, checked
+# against this list by a test. Records of other shapes get the wrappers.
+REMOTE_TYPES: dict[tuple[str, int, str], type[VLLMError]] = {
+    ("client", 400, "BadRequestError"): RemoteVLLMValidationError,
+    ("client", 404, "NotFoundError"): RemoteVLLMNotFoundError,
+    ("client", 422, "UnprocessableEntityError"): RemoteVLLMUnprocessableEntityError,
+    ("client", 400, "GuardrailViolationError"): RemoteGuardrailViolationError,
+    ("client", 409, "ConflictError"): RemoteOmniConflictError,
+    ("server", 501, "NotImplementedError"): RemoteOmniNotImplementedError,
+    ("server", 503, "ServiceUnavailableError"): RemoteOmniServiceUnavailableError,
+    ("server", 504, "GatewayTimeoutError"): RemoteOmniStageTimeoutError,
+}
+
+# Upstream types whose instances do not survive a pickle round trip (their
+# constructors do not accept their own ``args``; ``EngineDeadError`` doubles
+# them). The APIs hand callers the record rebuilt by ``to_exception`` instead,
+# with the original as ``__cause__``. A test fails when upstream fixes one.
+UNPICKLABLE_UPSTREAM: tuple[type[BaseException], ...] = (
+    EngineDeadError,
+    GracefulHTTPError,
+)
