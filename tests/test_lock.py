@@ -43,6 +43,8 @@ def test_lock_pins_every_declared_dependency_within_its_range() -> None:
     pins = _locked()
     problems = []
     for requirement in _declared():
+        if canonicalize_name(requirement.name) == "vllm-omni":
+            continue  # an extra that names the project's own other extras
         pinned = pins.get(canonicalize_name(requirement.name))
         if pinned is None:
             problems.append(f"{requirement.name}: not in the lock")
