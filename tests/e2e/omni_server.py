@@ -191,6 +191,7 @@ def start_server(
     error_mode: str = "strict",
     env: dict[str, str] | None = None,
     job_store: Path | None = None,
+    extra_args: tuple[str, ...] = (),
 ) -> OmniServer:
     """Spawn (without waiting for readiness: start several, then wait)."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -211,6 +212,7 @@ def start_server(
     ]
     if api_key:
         argv += ["--api-key", api_key]
+    argv += extra_args
     log_path = directory / f"server-{port}.log"
     proc = subprocess.Popen(
         argv,

@@ -10,6 +10,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from vllm_omni.entrypoints.openai.limits import add_limit_options
+
 __all__ = ["main", "make_parser"]
 
 
@@ -52,6 +54,7 @@ def make_parser() -> argparse.ArgumentParser:
         default="info",
         choices=("debug", "info", "warning", "error"),
     )
+    add_limit_options(parser)
     return parser
 
 
