@@ -270,6 +270,7 @@ def test_body_over_the_default_limit_is_413(omni_server: OmniServer) -> None:
 
 def test_chunked_body_is_cut_off_while_reading(limited: OmniServer) -> None:
     limit = LIMITS["max_request_bytes"]
+
     def chunks() -> Iterator[bytes]:
         # No Content-Length: only counting while reading can refuse this.
         yield b'{"messages": [{"role": "user", "content": "'
