@@ -19,9 +19,13 @@ route exception is rendered *inside* the instrumentator, which then records
 the status the client really got. Framework errors are raised inside
 ``ExceptionMiddleware`` and rendered by handlers registered there, also inside.
 
-The boundary owns: request ids, logging (5xx with traceback, 4xx at INFO),
-legacy-fallback accounting, and stage-aware termination on engine death. It
-renders only through ``vllm_omni.errors.render``.
+The boundary owns: request ids (the client's ``X-Request-Id`` names every
+error response), logging (5xx with traceback, 4xx at INFO), legacy-fallback
+accounting, stage-aware termination on engine death, and the request body
+limit (413 while the body is read, before anything parses it). The framework
+handlers put ``Allow`` on every 405, and the router's default answers an
+unmatched WebSocket handshake with the same canonical 404 as HTTP instead of
+Starlette's bare 403. It renders only through ``vllm_omni.errors.render``.
 """
 
 from __future__ import annotations

@@ -143,6 +143,11 @@ def decode_image(
         raise _undecodable() from exc
 
 
+def _limit(params: dict[str, Any], name: str, default: int) -> int:
+    value = bounded_int(params, name, default, *_LIMIT_RANGE)
+    return default if value is None else value
+
+
 def encode_png(pixels: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(pixels, "RGB").save(buffer, format="PNG", compress_level=1)
@@ -163,14 +168,8 @@ class ImageStage(Stage):
         if params.get("image") is not None:
             decoded = decode_image(
                 params["image"],
-                max_pixels=bounded_int(
-                    params, "max_image_pixels", DEFAULT_MAX_IMAGE_PIXELS, *_LIMIT_RANGE
-                )
-                or DEFAULT_MAX_IMAGE_PIXELS,
-                max_frames=bounded_int(
-                    params, "max_image_frames", DEFAULT_MAX_IMAGE_FRAMES, *_LIMIT_RANGE
-                )
-                or DEFAULT_MAX_IMAGE_FRAMES,
+                max_pixels=_limit(params, "max_image_pixels", DEFAULT_MAX_IMAGE_PIXELS),
+                max_frames=_limit(params, "max_image_frames", DEFAULT_MAX_IMAGE_FRAMES),
             )
             source = np.asarray(decoded.resize((width, height)))
         images = []
