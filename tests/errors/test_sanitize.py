@@ -494,6 +494,11 @@ def test_fast_path_agrees_with_the_full_scan(text: str) -> None:
             "password=zzPasszz",
             "https://zzuser:zzpass@host",
             "/home/zzuser/zzfile",
+            "password: zzPass1zz",
+            "Authorization: Token zzTok1zz",
+            '{"api_key": "zzKey1zz"}',
+            "eyJzzHeaderzz.eyJzzBodyzz.zzSigzz",
+            "ghp_zz0123456789abcdefghijzz",
         ]
     ),
     before=st.text(
