@@ -15,6 +15,7 @@ do not occur in a message are left out of the alternation for it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from collections.abc import Callable
@@ -64,17 +65,13 @@ _CONTROL = r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069
 
 
 def _assignment(match: re.Match[str]) -> str:
-    name, _, value = match.group(0).partition("=")
-    if _COUNT_VALUE.fullmatch(value.strip()) and not _PASSWORD_NAME.search(name):
-        return match.group(0)
-    return name.rstrip() + "=<redacted>"
-
-
-def _colon_assignment(match: re.Match[str]) -> str:
-    head = match.group("colon_head")
-    value = match.group(0)[len(head) :].strip().strip("\"'")
+    head = match.group("assign_head")
+    value = match.group(0)[len(head) :].strip("\"'")
     if _COUNT_VALUE.fullmatch(value) and not _PASSWORD_NAME.search(head):
         return match.group(0)
+    name = head.rstrip()
+    if name.endswith("="):
+        return name[:-1].rstrip() + "=<redacted>"
     return head + "<redacted>"
 
 
@@ -154,17 +151,14 @@ _RULES: tuple[tuple[str, str, str | Callable[[re.Match[str]], str]], ...] = (
         _quoted_field,
     ),
     (
+        # ``name=value`` for every secret name; ``name: value`` only for names
+        # specific enough (a bare ``key:`` or ``token:`` starts prose too).
         "assignment",
-        rf"{_IDENT_START}{_IDENT_PREFIX}(?ai:{_SECRET_NAMES})(?![A-Za-z0-9])"
-        rf"[ \t]*=[ \t]*{_ASSIGNED_VALUE}",
+        rf"(?P<assign_head>{_IDENT_START}{_IDENT_PREFIX}"
+        rf"(?:(?ai:{_STRONG_NAMES})(?![A-Za-z0-9])[ \t]*[=:]"
+        rf"|(?ai:{_SECRET_NAMES})(?![A-Za-z0-9])[ \t]*=)[ \t]*)"
+        rf"(?!<redacted>){_ASSIGNED_VALUE}",
         _assignment,
-    ),
-    (
-        "colon_assignment",
-        rf"(?P<colon_head>{_IDENT_START}{_IDENT_PREFIX}(?ai:{_STRONG_NAMES})"
-        r"(?![A-Za-z0-9])[ \t]*:[ \t]*)(?!<redacted>)"
-        r"(?:\"[^\"\n]*\"?|'[^'\n]*'?|[^\s,;&)\]}]+)",
-        _colon_assignment,
     ),
     ("address_suffix", r" at 0x[0-9a-fA-F]+", ""),
     ("address", r"\b0x[0-9a-fA-F]{8,}\b", "<address>"),
@@ -188,11 +182,31 @@ _REPLACEMENTS = {name: replacement for name, _, replacement in _RULES}
 _PATTERNS = {name: pattern for name, pattern, _ in _RULES}
 
 _CONTROL_RE = re.compile(_CONTROL)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _AnyWord:
+    """A trigger that occurs when the lower-cased text contains one of ``words``."""
+
+    words: tuple[str, ...]
+
+
 # Every match of the rules on a secret's name (matched ASCII
 # case-insensitively) contains one of these.
-_SECRET_NAME_RE = re.compile(
-    r"(?ai:key|token|pass|pwd|secret|credential|sig|authorization|cookie)"
+_SECRET_NAME = _AnyWord(
+    (
+        "key",
+        "token",
+        "pass",
+        "pwd",
+        "secret",
+        "credential",
+        "sig",
+        "authorization",
+        "cookie",
+    )
 )
+Trigger = str | re.Pattern[str] | _AnyWord
 # A base64 run without a "/" (runs with one are triggered by "/").
 _BASE64_RUN_RE = re.compile(r"[A-Za-z0-9+]{64}")
 
@@ -201,23 +215,22 @@ _BASE64_RUN_RE = re.compile(r"[A-Za-z0-9+]{64}")
 # it, so it is left out of the alternation compiled for that text: results
 # are exactly those of the full table, and most messages (no trigger at all)
 # only get stripped and capped.
-_TRIGGERS: dict[str, tuple[str | re.Pattern[str], ...]] = {
+_TRIGGERS: dict[str, tuple[Trigger, ...]] = {
     "traceback": ("Traceback",),
     "frame": ('File "',),
     "private_key": ("-----BEGIN ",),
     "data_uri": ("data:",),
     "file_uri": ("://",),
     "url_userinfo": ("://",),
-    "auth_header": (_SECRET_NAME_RE,),
+    "auth_header": (_SECRET_NAME,),
     "auth_scheme": ("earer", "asic"),
     "jwt": ("eyJ",),
     "openai_key": ("sk-",),
     "hf_token": ("hf_",),
     "aws_key": ("AKIA", "ASIA"),
     "vendor_token": ("gh", "k_live_", "k_test_", "glpat-", "xox", "AIza", "ya29."),
-    "quoted_field": (_SECRET_NAME_RE,),
-    "assignment": (_SECRET_NAME_RE,),
-    "colon_assignment": (_SECRET_NAME_RE,),
+    "quoted_field": (_SECRET_NAME,),
+    "assignment": (_SECRET_NAME,),
     "address_suffix": ("0x",),
     "address": ("0x",),
     "base64_run": ("/", _BASE64_RUN_RE),
@@ -227,19 +240,28 @@ _TRIGGERS: dict[str, tuple[str | re.Pattern[str], ...]] = {
 }
 
 
-def _occurs(trigger: str | re.Pattern[str], text: str) -> bool:
+def _occurs(trigger: Trigger, text: str) -> bool:
     if isinstance(trigger, str):
         return trigger in text
+    if isinstance(trigger, _AnyWord):
+        lowered = text.lower()
+        return any(word in lowered for word in trigger.words)
     return trigger.search(text) is not None
 
 
 def _active_rules(text: str) -> tuple[str, ...]:
     """The rules that can match ``text``, in table order."""
-    return tuple(
-        name
-        for name, triggers in _TRIGGERS.items()
-        if any(_occurs(trigger, text) for trigger in triggers)
-    )
+    seen: dict[Trigger, bool] = {}
+    names = []
+    for name, triggers in _TRIGGERS.items():
+        for trigger in triggers:
+            occurs = seen.get(trigger)
+            if occurs is None:
+                occurs = seen[trigger] = _occurs(trigger, text)
+            if occurs:
+                names.append(name)
+                break
+    return tuple(names)
 
 
 @functools.lru_cache(maxsize=256)
