@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 MODULES = (
     "bench_errors",
+    "bench_sanitize",
     "bench_http",
     "bench_startup",
     "bench_audit",

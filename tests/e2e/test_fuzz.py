@@ -3,19 +3,30 @@
 Bounded examples per operation. Every response must be one the document
 declares (status, content type, schema), no malformed input may produce a
 5xx, and every error body must be the canonical envelope with
-``code == status``.
+``code == status``. Hypothesis, used directly, also sends what the document
+cannot describe: hostile image bytes in multipart edits (422 on ``image``,
+never 5xx) and malformed realtime WebSocket events (one error event each,
+and the session goes on).
 """
 
 from __future__ import annotations
 
+import io
+import json
+import struct
+import zlib
+from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 import requests
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from PIL import Image
 from schemathesis import APIOperation, Case, GenerationMode, checks
+from websockets.sync.client import ClientConnection, connect
 
 from tests.e2e.canonical import assert_canonical_error
 from tests.e2e.omni_server import OmniServer
@@ -100,3 +111,162 @@ def test_planted_non_canonical_body_is_caught() -> None:
                 }
             },
         )
+
+
+# -- hypothesis, directly: multipart image edits and the realtime WebSocket ------
+#
+# The OpenAPI document cannot describe what matters here (the bytes inside an
+# uploaded image, the events inside a WebSocket), so these generate them.
+
+
+def _seed_images() -> list[bytes]:
+    images = []
+    for kind in ("PNG", "GIF", "JPEG", "BMP", "PPM", "WEBP"):
+        buffer = io.BytesIO()
+        Image.effect_noise((24, 24), 64).convert("RGB").save(buffer, kind)
+        images.append(buffer.getvalue())
+    return images
+
+
+SEED_IMAGES = _seed_images()
+
+
+def _with_dimensions(png: bytes, width: int, height: int) -> bytes:
+    """``png`` whose IHDR claims another size, with a valid CRC."""
+    ihdr = png[12:16] + struct.pack(">II", width, height) + png[24:29]
+    return png[:8] + png[8:12] + ihdr + struct.pack(">I", zlib.crc32(ihdr)) + png[33:]
+
+
+@st.composite
+def hostile_images(draw: st.DrawFn) -> bytes:
+    """Corrupt, truncated, lying-about-their-size or plain random uploads."""
+    kind = draw(st.sampled_from(["truncated", "flipped", "dimensions", "random"]))
+    seed = draw(st.sampled_from(SEED_IMAGES))
+    if kind == "truncated":
+        return seed[: draw(st.integers(0, len(seed) - 1))]
+    if kind == "flipped":
+        data = bytearray(seed)
+        for _ in range(draw(st.integers(1, 8))):
+            data[draw(st.integers(0, len(data) - 1))] = draw(st.integers(0, 255))
+        return bytes(data)
+    if kind == "dimensions":
+        side = st.integers(0, 2**31 - 1)
+        return _with_dimensions(SEED_IMAGES[0], draw(side), draw(side))
+    return draw(st.binary(max_size=512))
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=list(HealthCheck),
+)
+@given(image=hostile_images())
+def test_image_edits_never_answer_5xx(omni_server: OmniServer, image: bytes) -> None:
+    response = httpx.post(
+        omni_server.base_url + "/v1/images/edits",
+        headers=omni_server.headers(),
+        files={"image": ("fuzz.png", image, "image/png")},
+        data={"prompt": "fuzz", "size": "64x64"},
+        timeout=60,
+    )
+    assert response.status_code in (200, 400, 422), response.text[:500]
+    if response.status_code != 200:
+        body = response.json()
+        assert_canonical_error(response.status_code, body, response.headers)
+        if response.status_code == 422:
+            assert body["error"]["param"] == "image"
+
+
+_EVENT_IDS = st.one_of(
+    st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,20}", fullmatch=True),
+    st.text(max_size=12),
+    st.integers(),
+)
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda children: (
+        st.lists(children, max_size=3)
+        | st.dictionaries(st.text(max_size=8), children, max_size=3)
+    ),
+    max_leaves=6,
+)
+_BAD_RESPONSES = st.one_of(
+    _JSON.filter(lambda value: not isinstance(value, dict)),
+    st.fixed_dictionaries(
+        {"instructions": st.one_of(st.just(""), st.just("  \n"), st.integers())}
+    ),
+    st.fixed_dictionaries(
+        {
+            "instructions": st.just("hi"),
+            "modalities": st.one_of(
+                st.just([]), st.just(["video"]), st.just(["audio"]), _JSON
+            ),
+        }
+    ),
+    st.fixed_dictionaries(
+        {
+            "instructions": st.just("hi"),
+            "max_tokens": st.one_of(st.text(max_size=4), st.just(2**70), st.booleans()),
+        }
+    ),
+)
+
+
+def _event(kind: st.SearchStrategy[Any], response: st.SearchStrategy[Any]) -> Any:
+    return st.fixed_dictionaries(
+        {"type": kind, "response": response}, optional={"event_id": _EVENT_IDS}
+    ).map(json.dumps)
+
+
+MALFORMED_EVENTS = st.one_of(
+    st.text(max_size=200),
+    st.binary(max_size=64),
+    _JSON.map(json.dumps),
+    _event(
+        st.one_of(
+            st.text(max_size=30).filter(lambda kind: kind != "response.create"),
+            st.integers(),
+            st.none(),
+        ),
+        _JSON,
+    ),
+    _event(st.just("response.create"), _BAD_RESPONSES),
+)
+
+
+@pytest.fixture(scope="module")
+def realtime(omni_server: OmniServer) -> Iterator[ClientConnection]:
+    """One session for every example: a malformed event must not end it."""
+    url = omni_server.base_url.replace("http://", "ws://", 1) + "/v1/realtime"
+    with connect(url, additional_headers=omni_server.headers()) as ws:
+        assert json.loads(ws.recv(timeout=30))["type"] == "session.created"
+        yield ws
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=list(HealthCheck),
+)
+@given(frame=MALFORMED_EVENTS)
+def test_malformed_realtime_events_get_one_error_event(
+    realtime: ClientConnection, frame: str | bytes
+) -> None:
+    realtime.send(frame)
+    event = json.loads(realtime.recv(timeout=30))
+    assert event["type"] == "error", event
+    error = event["error"]
+    assert_canonical_error(400, {"error": error})
+    assert error["type"] == "BadRequestError"
+    sent = json.loads(frame) if isinstance(frame, str) and _is_object(frame) else {}
+    if "event_id" in event:
+        assert event["event_id"] == sent.get("event_id")
+
+
+def _is_object(frame: str) -> bool:
+    try:
+        return isinstance(json.loads(frame), dict)
+    except (ValueError, RecursionError):
+        return False

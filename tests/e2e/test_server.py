@@ -204,8 +204,8 @@ ERRORS: dict[
         422,
         "UnprocessableEntityError",
         "image",
-        4,
-        None,
+        None,  # refused by the server's header probe, before the image stage
+        "The input image could not be decoded.",
     ),
     "bad_size": (
         lambda c: c.images.generate(model=MODEL, prompt="p", size="13x13"),  # type: ignore[arg-type]

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.errors.sanitize_corpus import BENIGN, SECRET_CASES, Case
 from vllm_omni.errors import sanitize
 from vllm_omni.errors.sanitize import (
     MAX_MESSAGE_CHARS,
@@ -477,7 +478,9 @@ def test_idempotent(text: str) -> None:
 def test_fast_path_agrees_with_the_full_scan(text: str) -> None:
     # The trigger prefilter is an optimization only: the result must be what
     # the full rule table gives.
-    assert sanitize_message(text) == sanitize._fixed_point(text[: sanitize._SCAN_LIMIT])
+    assert sanitize_message(text) == sanitize._fixed_point(
+        text[: sanitize._SCAN_LIMIT], every_rule=True
+    )
 
 
 @SETTINGS
@@ -491,6 +494,11 @@ def test_fast_path_agrees_with_the_full_scan(text: str) -> None:
             "password=zzPasszz",
             "https://zzuser:zzpass@host",
             "/home/zzuser/zzfile",
+            "password: zzPass1zz",
+            "Authorization: Token zzTok1zz",
+            '{"api_key": "zzKey1zz"}',
+            "eyJzzHeaderzz.eyJzzBodyzz.zzSigzz",
+            "ghp_zz0123456789abcdefghijzz",
         ]
     ),
     before=st.text(
@@ -501,3 +509,44 @@ def test_fast_path_agrees_with_the_full_scan(text: str) -> None:
 def test_secret_never_survives(secret: str, before: str, after: str) -> None:
     out = sanitize_message(f"{before} {secret}{after}")
     assert "zz" not in out
+
+
+# -- the corpus (issue 12): measured, not guessed -------------------------------
+
+
+def test_corpus_is_large_enough() -> None:
+    assert len(BENIGN) + len(SECRET_CASES) >= 300
+    assert len(set(BENIGN)) == len(BENIGN)
+
+
+@pytest.mark.parametrize("text", BENIGN)
+def test_corpus_benign_messages_are_byte_identical(text: str) -> None:
+    assert sanitize_message(text) == text
+
+
+@pytest.mark.parametrize("case", SECRET_CASES, ids=lambda case: case.text[:40])
+def test_corpus_secrets_are_removed_and_context_survives(case: Case) -> None:
+    out = sanitize_message(case.text)
+    for secret in case.remove:
+        assert secret not in out, (secret, out)
+    for kept in case.keep:
+        assert kept in out, (kept, out)
+    assert sanitize_message(out) == out
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("password: hunter2", "password: <redacted>"),
+        ("Authorization: Token abc123", "Authorization: Token <redacted>"),
+        ("/v1/chat/completions", "/v1/chat/completions"),
+        ("max_token=5", "max_token=5"),
+        ("Bearer tokens are not accepted", "Bearer tokens are not accepted"),
+        ("sk-learn", "sk-learn"),
+        ("password=123456", "password=<redacted>"),
+        ("HF_TOKEN=hf_AbCdEfGh12", "HF_TOKEN=<redacted>"),
+        ('{"api_key": "abc123"}', '{"api_key": "<redacted>"}'),
+    ],
+)
+def test_issue_12_examples(raw: str, expected: str) -> None:
+    _check(raw, expected)

@@ -19,13 +19,18 @@ route exception is rendered *inside* the instrumentator, which then records
 the status the client really got. Framework errors are raised inside
 ``ExceptionMiddleware`` and rendered by handlers registered there, also inside.
 
-The boundary owns: request ids, logging (5xx with traceback, 4xx at INFO),
-legacy-fallback accounting, and stage-aware termination on engine death. It
-renders only through ``vllm_omni.errors.render``.
+The boundary owns: request ids (the client's ``X-Request-Id`` names every
+error response), logging (5xx with traceback, 4xx at INFO), legacy-fallback
+accounting, stage-aware termination on engine death, and the request body
+limit (413 while the body is read, before anything parses it). The framework
+handlers put ``Allow`` on every 405, and the router's default answers an
+unmatched WebSocket handshake with the same canonical 404 as HTTP instead of
+Starlette's bare 403. It renders only through ``vllm_omni.errors.render``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -38,6 +43,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware import Middleware
 from starlette.requests import HTTPConnection
 from starlette.responses import Response
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from vllm.entrypoints.launchers.launcher import terminate_if_errored
 
@@ -107,9 +113,23 @@ def _incoming_request_id(scope: Scope) -> str:
         if name == b"x-request-id":
             accepted = sanitize_request_id(value.decode("latin-1"))
             if accepted is not None:
+                scope["state"]["client_request_id"] = True
                 return accepted
             break
     return _new_request_id()
+
+
+def _for_this_request(details: OmniErrorDetails, scope: Scope) -> OmniErrorDetails:
+    """The record with the client's ``X-Request-Id``, when the client sent one.
+
+    An exception can bring a record of its own with another id (a stored job
+    failure re-raised on download carries the job's); the client's id still
+    names the response. Without a client id the record is rendered as it is.
+    """
+    request_id = scope_request_id(scope)
+    if scope["state"].get("client_request_id") and details.request_id != request_id:
+        return dataclasses.replace(details, request_id=request_id)
+    return details
 
 
 def _raise_site(exc: BaseException) -> str:
@@ -214,23 +234,78 @@ def stream_error_details(conn: HTTPConnection, exc: BaseException) -> OmniErrorD
     event with ``render.sse_error_events`` / ``render.ws_error_event``.
     """
     mode: Mode = getattr(conn.app.state, "error_mode", "strict")
-    details = details_for_exception(exc, request_id=request_id_of(conn), mode=mode)
+    details = _for_this_request(
+        details_for_exception(exc, request_id=request_id_of(conn), mode=mode),
+        conn.scope,
+    )
     if isinstance(exc, (EngineDeadError, EngineGenerateError)):
         _terminate_if_errored(conn.app, exc, details)
     return details
 
 
-class ErrorBoundary:
-    """Pure ASGI middleware: render any escaping exception as the canonical error."""
+def _too_large(limit: int) -> StarletteHTTPException:
+    # An HTTPException because FastAPI turns any other exception raised while
+    # it reads a body into "400 There was an error parsing the body".
+    return StarletteHTTPException(
+        413, detail=f"The request body must be at most {limit} bytes."
+    )
 
-    def __init__(self, app: ASGIApp, mode: Mode = "strict") -> None:
+
+def _declared_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            return int(value) if value.isdigit() else None
+    return None
+
+
+def limit_body(scope: Scope, receive: Receive, limit: int) -> Receive:
+    """``receive`` that refuses a body past ``limit`` bytes with a 413.
+
+    Checked while the app reads, so nothing happens before the route asks for
+    its body (authentication comes first): a declared ``Content-Length`` over
+    the limit is refused before a byte is read, a chunked body as soon as the
+    running total passes the limit. The rest of the body is never read.
+    """
+    received = 0
+
+    async def receive_limited() -> Message:
+        nonlocal received
+        if received == 0:
+            declared = _declared_length(scope)
+            if declared is not None and declared > limit:
+                raise _too_large(limit)
+        message = await receive()
+        if message["type"] == "http.request":
+            received += len(message.get("body", b""))
+            if received > limit:
+                raise _too_large(limit)
+        return message
+
+    return receive_limited
+
+
+class ErrorBoundary:
+    """Pure ASGI middleware: render any escaping exception as the canonical error.
+
+    With ``max_request_bytes`` it also bounds every request body (413).
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        mode: Mode = "strict",
+        max_request_bytes: int | None = None,
+    ) -> None:
         self.app = app
         self.mode = mode
+        self.max_request_bytes = max_request_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
+        if scope["type"] == "http" and self.max_request_bytes is not None:
+            receive = limit_body(scope, receive, self.max_request_bytes)
         started = False
 
         async def send_tracked(message: Message) -> None:
@@ -244,8 +319,11 @@ class ErrorBoundary:
         try:
             await self.app(scope, receive, send_tracked)
         except Exception as exc:
-            details = details_for_exception(
-                exc, request_id=scope_request_id(scope), mode=self.mode
+            details = _for_this_request(
+                details_for_exception(
+                    exc, request_id=scope_request_id(scope), mode=self.mode
+                ),
+                scope,
             )
             if isinstance(exc, (EngineDeadError, EngineGenerateError)):
                 _terminate_if_errored(scope.get("app"), exc, details)
@@ -299,7 +377,9 @@ def _validation_exception(exc: RequestValidationError) -> VLLMValidationError:
         if parameter is None and isinstance(ctx_error, VLLMValidationError):
             parameter = ctx_error.parameter
         loc = [str(p) for p in error.get("loc", ()) if p != "body"]
-        field = ".".join(loc) or "body"
+        # A JSON syntax error's location is a byte offset, not a field.
+        field = "body" if error.get("type") == "json_invalid" else ".".join(loc)
+        field = field or "body"
         if parameter is None:
             parameter = sanitize_parameter(field)
         parts.append(f"{field}: {error.get('msg', 'invalid value')}")
@@ -307,6 +387,20 @@ def _validation_exception(exc: RequestValidationError) -> VLLMValidationError:
         parts.append(f"and {len(errors) - _MAX_VALIDATION_ITEMS} more")
     message = "Invalid request: " + "; ".join(parts) if parts else "Invalid request."
     return VLLMValidationError(message, parameter=parameter)
+
+
+def _allowed_methods(request: Request) -> str | None:
+    """Every method some route accepts on this path, for a 405's ``Allow``.
+
+    Starlette's own 405 names the methods of the first route that matched
+    the path only; ``GET`` and ``DELETE`` on one path are two routes.
+    """
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match is not Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return ", ".join(sorted(methods)) or None
 
 
 def _framework_handler(
@@ -317,9 +411,23 @@ def _framework_handler(
         details = details_for_exception(
             convert(exc), request_id=request_id_of(request), mode=mode
         )
-        return http_error_response(details)
+        allow = _allowed_methods(request) if details.status_code == 405 else None
+        return http_error_response(details, allow=allow)
 
     return handle
+
+
+async def _not_found(scope: Scope, receive: Receive, send: Send) -> None:
+    """The router's answer when no route matches, on both transports.
+
+    Starlette closes an unmatched WebSocket handshake bare (a 403 with no body,
+    no request id, not counted); here it is the same 404 as for HTTP, which
+    the boundary renders as a denied handshake.
+    """
+    not_found = StarletteHTTPException(404)
+    if scope["type"] == "websocket":
+        raise _framework_exception(not_found)
+    raise not_found
 
 
 async def _outer_safety_net(request: Request, exc: Exception) -> Response:
@@ -328,12 +436,15 @@ async def _outer_safety_net(request: Request, exc: Exception) -> Response:
     return http_error_response(details)
 
 
-def install_error_handling(app: FastAPI, *, mode: Mode = "strict") -> None:
+def install_error_handling(
+    app: FastAPI, *, mode: Mode = "strict", max_request_bytes: int | None = None
+) -> None:
     """Install the boundary, the framework handlers and the outer safety net.
 
     Idempotent. ``mode="legacy"`` enables upstream's raw-exception fallbacks
     (``ValueError``/``TypeError``/``OverflowError`` → 400,
     ``NotImplementedError`` → 501), each hit counted and logged by raise site.
+    ``max_request_bytes`` bounds every request body (413 past it).
     """
     if mode not in _MODES:
         raise RuntimeError(f"error mode must be one of {_MODES}, got {mode!r}")
@@ -341,7 +452,10 @@ def install_error_handling(app: FastAPI, *, mode: Mode = "strict") -> None:
     app.user_middleware[:] = [
         m for m in app.user_middleware if m.cls is not ErrorBoundary
     ]
-    app.user_middleware.append(Middleware(ErrorBoundary, mode=mode))
+    app.user_middleware.append(
+        Middleware(ErrorBoundary, mode=mode, max_request_bytes=max_request_bytes)
+    )
+    app.router.default = _not_found
     app.add_exception_handler(
         StarletteHTTPException, _framework_handler(_framework_exception)
     )

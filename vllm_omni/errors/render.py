@@ -63,11 +63,21 @@ def _json(value: Any) -> bytes:
 
 
 def http_error_response(
-    details: OmniErrorDetails, *, transport: Transport = "http"
+    details: OmniErrorDetails,
+    *,
+    transport: Transport = "http",
+    allow: str | None = None,
 ) -> Response:
-    """An HTTP response whose status always equals ``error.code``."""
+    """An HTTP response whose status always equals ``error.code``.
+
+    ``allow`` is the ``Allow`` header a 405 must carry (RFC 9110 §15.5.6).
+    """
     record_error(transport, details)
-    headers = {REQUEST_ID_HEADER: details.request_id} if details.request_id else None
+    headers: dict[str, str] = {}
+    if details.request_id:
+        headers[REQUEST_ID_HEADER] = details.request_id
+    if allow is not None:
+        headers["Allow"] = allow
     return Response(
         _json(error_body(details)),
         status_code=details.status_code,

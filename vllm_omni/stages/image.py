@@ -1,8 +1,14 @@
 """The reference image stage: a PNG from prompt and seed, or an edit of an input.
 
 Owns the validation of ``size`` ("WxH", 64..1024 each, multiple of 8), ``n``
-and ``seed``, and of the input ``image`` of an edit: bytes that do not decode
-are ``VLLMUnprocessableEntityError(parameter="image")`` (422). Pictures are
+and ``seed``, and of the input ``image`` of an edit. An input image is decoded
+only under explicit limits (pixels and frames, read from its header before
+any pixel is decoded; the server also bounds its bytes): bytes that are not
+an image, are truncated or corrupt, or exceed a limit (decompression bombs)
+are ``VLLMUnprocessableEntityError(parameter="image")`` (422), whatever
+exception Pillow raised for them. The server probes an upload with
+``probe_image`` before it reaches this stage, under the operator's limits,
+which it passes along as ``max_image_pixels`` / ``max_image_frames``. Pictures are
 smooth gradients whose colours derive from prompt and seed, encoded by
 Pillow; generation takes milliseconds. The rejected bytes never reach an
 error message.
@@ -12,6 +18,8 @@ from __future__ import annotations
 
 import hashlib
 import io
+import struct
+import warnings
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
@@ -22,9 +30,33 @@ from vllm_omni.engine.messages import Payload, Submit
 from vllm_omni.errors import VLLMUnprocessableEntityError, VLLMValidationError
 from vllm_omni.stages.base import Stage, bounded_int, parse_size
 
-__all__ = ["ImageStage", "decode_image", "gradient"]
+__all__ = [
+    "DEFAULT_MAX_IMAGE_FRAMES",
+    "DEFAULT_MAX_IMAGE_PIXELS",
+    "ImageStage",
+    "decode_image",
+    "gradient",
+    "probe_image",
+]
 
 _SEED_RANGE = (0, 2**32 - 1)
+DEFAULT_MAX_IMAGE_PIXELS = 4096 * 4096
+DEFAULT_MAX_IMAGE_FRAMES = 64
+_LIMIT_RANGE = (1, 2**40)
+# What Pillow raises for bytes it cannot decode: not an image, a corrupt or
+# truncated chunk ("Truncated IHDR chunk" is a ValueError, a bad PPM header a
+# SyntaxError), a header past its own bomb limit. All of them are the
+# client's bytes, never a server fault.
+_UNDECODABLE = (
+    UnidentifiedImageError,
+    Image.DecompressionBombError,
+    OSError,
+    SyntaxError,
+    ValueError,
+    EOFError,
+    IndexError,
+    struct.error,
+)
 
 
 def seed_for(prompt: str, params: dict[str, Any]) -> int:
@@ -45,17 +77,75 @@ def gradient(width: int, height: int, seed: int, phase: float = 0.0) -> np.ndarr
     return (corners[0] * (1.0 - mix) + corners[1] * mix).astype(np.uint8)
 
 
-def decode_image(data: object) -> Image.Image:
-    """Decode request image bytes, or raise a 422 on ``image``."""
+def _undecodable() -> VLLMUnprocessableEntityError:
+    return VLLMUnprocessableEntityError(
+        "The input image could not be decoded.", parameter="image"
+    )
+
+
+def _open_within_limits(data: object, max_pixels: int, max_frames: int) -> Image.Image:
+    """Open ``data`` (header only) and check it against the limits."""
     if not isinstance(data, bytes | bytearray) or not data:
         raise VLLMValidationError("image must be non-empty bytes", parameter="image")
     try:
-        with Image.open(io.BytesIO(data)) as opened:
-            return opened.convert("RGB")
-    except (UnidentifiedImageError, OSError, SyntaxError) as exc:
+        with warnings.catch_warnings():
+            # Our limits decide, not Pillow's warning threshold.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            opened = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as exc:
+        raise _too_many_pixels(max_pixels) from exc
+    except _UNDECODABLE as exc:
+        raise _undecodable() from exc
+    width, height = opened.size
+    if width < 1 or height < 1:
+        raise _undecodable()
+    if width * height > max_pixels:
+        raise _too_many_pixels(max_pixels)
+    try:
+        frames = getattr(opened, "n_frames", 1)
+    except _UNDECODABLE as exc:
+        raise _undecodable() from exc
+    if frames > max_frames:
         raise VLLMUnprocessableEntityError(
-            "The input image could not be decoded.", parameter="image"
-        ) from exc
+            f"The input image has more than {max_frames} frames.", parameter="image"
+        )
+    return opened
+
+
+def _too_many_pixels(max_pixels: int) -> VLLMUnprocessableEntityError:
+    return VLLMUnprocessableEntityError(
+        f"The input image has more than {max_pixels} pixels.", parameter="image"
+    )
+
+
+def probe_image(
+    data: object,
+    *,
+    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    max_frames: int = DEFAULT_MAX_IMAGE_FRAMES,
+) -> None:
+    """Check ``data`` against the limits from its header alone (no pixel decoded)."""
+    _open_within_limits(data, max_pixels, max_frames).close()
+
+
+def decode_image(
+    data: object,
+    *,
+    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    max_frames: int = DEFAULT_MAX_IMAGE_FRAMES,
+) -> Image.Image:
+    """Decode request image bytes within the limits, or raise a 422 on ``image``."""
+    opened = _open_within_limits(data, max_pixels, max_frames)
+    try:
+        with opened:
+            return opened.convert("RGB")
+    except _UNDECODABLE as exc:
+        raise _undecodable() from exc
+
+
+def _limit(params: dict[str, Any], name: str, default: int) -> int:
+    value = bounded_int(params, name, default, *_LIMIT_RANGE)
+    return default if value is None else value
 
 
 def encode_png(pixels: np.ndarray) -> bytes:
@@ -76,7 +166,12 @@ class ImageStage(Stage):
         seed = seed_for(request.prompt, params)
         source = None
         if params.get("image") is not None:
-            source = np.asarray(decode_image(params["image"]).resize((width, height)))
+            decoded = decode_image(
+                params["image"],
+                max_pixels=_limit(params, "max_image_pixels", DEFAULT_MAX_IMAGE_PIXELS),
+                max_frames=_limit(params, "max_image_frames", DEFAULT_MAX_IMAGE_FRAMES),
+            )
+            source = np.asarray(decoded.resize((width, height)))
         images = []
         for index in range(count):
             pixels = gradient(width, height, seed + index)

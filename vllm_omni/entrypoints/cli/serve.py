@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from vllm_omni.entrypoints.openai.limits import add_limit_options
+
 __all__ = ["main", "make_parser", "preflight"]
 
 _PROG = "vllm-omni serve"
@@ -96,6 +98,7 @@ def make_parser() -> argparse.ArgumentParser:
         default="info",
         choices=("debug", "info", "warning", "error"),
     )
+    add_limit_options(parser)
     return parser
 
 

@@ -28,7 +28,11 @@ from starlette.responses import Response
 from vllm.entrypoints.launchers.launcher import NoSignalServer, terminate_if_errored
 
 from vllm_omni.entrypoints.async_omni import AsyncOmni
-from vllm_omni.entrypoints.openai.auth import require_api_key
+from vllm_omni.entrypoints.openai.auth import (
+    authenticate_before_body,
+    require_api_key,
+)
+from vllm_omni.entrypoints.openai.limits import RequestLimits
 from vllm_omni.errors.fastapi import install_error_handling
 from vllm_omni.errors.openapi import ERROR_RESPONSES
 
@@ -95,7 +99,13 @@ def build_app(args: argparse.Namespace) -> FastAPI:
             dependencies=None if public else auth,
             responses=ERROR_RESPONSES,
         )
-    install_error_handling(app, mode=args.error_mode)
+    authenticate_before_body(app)
+    app.state.limits = RequestLimits.from_args(args)
+    install_error_handling(
+        app,
+        mode=args.error_mode,
+        max_request_bytes=app.state.limits.max_request_bytes,
+    )
     Instrumentator(excluded_handlers=_UNMETERED).instrument(app).expose(
         app, response_class=_PrometheusResponse, include_in_schema=False
     )

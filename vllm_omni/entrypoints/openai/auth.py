@@ -4,17 +4,26 @@ A FastAPI dependency, so a rejection is an ordinary semantic exception raised
 inside the routes and rendered by the error boundary: 401
 ``AuthenticationError`` in the canonical envelope, and for a WebSocket a
 denied handshake. Keys are compared in constant time.
+
+FastAPI reads and parses a body (spooling multipart files to disk) before it
+solves a route's dependencies, so a dependency alone would answer an
+unauthenticated malformed body with 400. ``authenticate_before_body`` wraps
+every route that declares the dependency so the key is checked when the route
+is matched, before a byte of the body is read: 401 whatever the body.
 """
 
 from __future__ import annotations
 
 import hmac
 
+from fastapi import FastAPI
+from fastapi.routing import APIRoute, APIWebSocketRoute
 from starlette.requests import HTTPConnection
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from vllm_omni.errors import OmniClientError
 
-__all__ = ["require_api_key"]
+__all__ = ["authenticate_before_body", "require_api_key"]
 
 
 def _presented_key(conn: HTTPConnection) -> str | None:
@@ -41,3 +50,20 @@ async def require_api_key(conn: HTTPConnection) -> None:
             status_code=401,
             error_type="AuthenticationError",
         )
+
+
+def _checked_first(route_app: ASGIApp) -> ASGIApp:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await require_api_key(HTTPConnection(scope))
+        await route_app(scope, receive, send)
+
+    return app
+
+
+def authenticate_before_body(app: FastAPI) -> None:
+    """Check the key of every route that requires one before it reads its body."""
+    for route in app.router.routes:
+        if not isinstance(route, APIRoute | APIWebSocketRoute):
+            continue
+        if any(dep.dependency is require_api_key for dep in route.dependencies):
+            route.app = _checked_first(route.app)

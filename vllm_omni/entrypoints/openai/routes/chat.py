@@ -23,7 +23,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import StreamingResponse
 
 from vllm_omni.entrypoints.openai.routes.common import (
+    Int64,
+    PositiveInt64,
     check_model,
+    check_prompt,
     engine_of,
     request_id_of,
 )
@@ -62,10 +65,12 @@ class ChatCompletionRequest(BaseModel):
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     stream: bool = False
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    # Each is checked on its own (at least 1), so neither a 0 next to the
+    # other nor a negative value is mistaken for "not given".
+    max_tokens: PositiveInt64 | None = None
+    max_completion_tokens: PositiveInt64 | None = None
     temperature: float | None = None
-    seed: int | None = None
+    seed: Int64 | None = None
     modalities: list[Literal["text", "audio"]] | None = None
     audio: AudioOptions | None = None
 
@@ -85,7 +90,12 @@ def _prompt(request: ChatCompletionRequest) -> str:
 
 def _params(request: ChatCompletionRequest) -> dict[str, Any]:
     params: dict[str, Any] = {}
-    max_tokens = request.max_completion_tokens or request.max_tokens
+    # max_completion_tokens supersedes the deprecated max_tokens (OpenAI, vLLM).
+    max_tokens = (
+        request.max_completion_tokens
+        if request.max_completion_tokens is not None
+        else request.max_tokens
+    )
     if max_tokens is not None:
         params["max_tokens"] = max_tokens
     if request.temperature is not None:
@@ -133,6 +143,7 @@ async def create_chat_completion(
     await engine.check_health()
     check_model(engine, body.model)
     prompt = _prompt(body)
+    check_prompt(request, prompt, "messages")
     modalities = body.modalities or ["text"]
     request_id = request_id_of(request)
     completion_id = f"chatcmpl-{request_id}"

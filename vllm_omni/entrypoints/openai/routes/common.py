@@ -7,17 +7,42 @@ failure *after* headers into its terminal stream event, and the request id.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
+from pydantic import Field
 from starlette.requests import HTTPConnection
 
-from vllm_omni.errors import OmniServiceUnavailableError, VLLMNotFoundError
+from vllm_omni.entrypoints.openai.limits import RequestLimits
+from vllm_omni.errors import (
+    OmniServiceUnavailableError,
+    VLLMNotFoundError,
+    VLLMValidationError,
+)
 from vllm_omni.errors.fastapi import request_id_of
 
 if TYPE_CHECKING:
     from vllm_omni.entrypoints.async_omni import AsyncOmni
 
-__all__ = ["check_model", "engine_of", "request_id_of", "require_modality"]
+__all__ = [
+    "INT64_MAX",
+    "INT64_MIN",
+    "Int64",
+    "PositiveInt64",
+    "check_model",
+    "check_prompt",
+    "engine_of",
+    "limits_of",
+    "request_id_of",
+    "require_modality",
+]
+
+
+# Integers a request may carry: what the stage wire and upstream's sampling
+# parameters hold. A larger one is a 400 naming its field, in the words of a
+# field rule, before it reaches the engine.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+PositiveInt64 = Annotated[int, Field(ge=1, le=INT64_MAX)]
 
 
 def engine_of(conn: HTTPConnection) -> AsyncOmni:
@@ -39,3 +64,21 @@ def check_model(engine: AsyncOmni, model: str | None) -> None:
     """404 for a model name this server does not serve (as vLLM answers)."""
     if model is not None and model != engine.model_name:
         raise VLLMNotFoundError(f"The model `{model}` does not exist.")
+
+
+def limits_of(conn: HTTPConnection) -> RequestLimits:
+    limits: RequestLimits | None = getattr(conn.app.state, "limits", None)
+    return limits if limits is not None else RequestLimits()
+
+
+def check_prompt(conn: HTTPConnection, prompt: str, parameter: str) -> None:
+    """400 on ``parameter`` for a prompt that is blank or over the length limit."""
+    if not prompt.strip():
+        raise VLLMValidationError(
+            f"{parameter} must be a non-empty string", parameter=parameter
+        )
+    limit = limits_of(conn).max_prompt_chars
+    if len(prompt) > limit:
+        raise VLLMValidationError(
+            f"{parameter} must be at most {limit} characters", parameter=parameter
+        )

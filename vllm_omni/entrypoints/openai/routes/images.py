@@ -1,8 +1,12 @@
 """``POST /v1/images/generations`` and ``POST /v1/images/edits`` (multipart).
 
-Size and count are validated by the image stage (400 with ``param``); an input
-image that does not decode is a 422 ``VLLMUnprocessableEntityError`` with
-``param="image"``, raised by the stage that tried to decode it.
+Size and count are validated by the image stage (400 with ``param``). An
+empty or overlong prompt is a 400 on ``prompt``. An input image is checked
+here, from its bytes and header, against the server's limits
+(``--max-image-bytes``, ``--max-image-pixels``, ``--max-image-frames``)
+before it is sent to the image stage, which decodes it under the same limits:
+an image that is too large, a bomb, truncated or not an image at all is a 422
+``VLLMUnprocessableEntityError`` with ``param="image"``.
 """
 
 from __future__ import annotations
@@ -17,25 +21,30 @@ from pydantic import BaseModel
 
 from vllm_omni.entrypoints.async_omni import AsyncOmni
 from vllm_omni.entrypoints.openai.routes.common import (
+    INT64_MAX,
+    Int64,
+    PositiveInt64,
     check_model,
+    check_prompt,
     engine_of,
+    limits_of,
     request_id_of,
     require_modality,
 )
-from vllm_omni.errors import GenerationError, VLLMValidationError
+from vllm_omni.errors import GenerationError, VLLMUnprocessableEntityError
+from vllm_omni.stages.image import probe_image
 
 __all__ = ["router"]
 
 router = APIRouter()
-_MAX_UPLOAD_BYTES = 16 * 1024 * 1024
 
 
 class ImageGenerationRequest(BaseModel):
     prompt: str
     model: str | None = None
-    n: int = 1
+    n: PositiveInt64 = 1
     size: str = "256x256"
-    seed: int | None = None
+    seed: Int64 | None = None
     response_format: Literal["b64_json"] = "b64_json"
 
 
@@ -65,6 +74,7 @@ async def generate_images(
     await engine.check_health()
     check_model(engine, body.model)
     require_modality(engine, "image")
+    check_prompt(request, body.prompt, "prompt")
     params: dict[str, Any] = {"n": body.n, "size": body.size}
     if body.seed is not None:
         params["seed"] = body.seed
@@ -77,17 +87,29 @@ async def edit_images(
     image: UploadFile,
     prompt: str = Form(...),
     model: str | None = Form(None),
-    n: int = Form(1),
+    n: int = Form(1, ge=1, le=INT64_MAX),
     size: str = Form("256x256"),
 ) -> dict[str, Any]:
     engine = engine_of(request)
     await engine.check_health()
     check_model(engine, model)
     require_modality(engine, "image")
-    data = await image.read(_MAX_UPLOAD_BYTES + 1)
-    if len(data) > _MAX_UPLOAD_BYTES:
-        raise VLLMValidationError(
-            f"image must be at most {_MAX_UPLOAD_BYTES} bytes", parameter="image"
+    check_prompt(request, prompt, "prompt")
+    limits = limits_of(request)
+    data = await image.read(limits.max_image_bytes + 1)
+    if len(data) > limits.max_image_bytes:
+        raise VLLMUnprocessableEntityError(
+            f"The input image must be at most {limits.max_image_bytes} bytes.",
+            parameter="image",
         )
-    params: dict[str, Any] = {"n": n, "size": size, "image": data}
+    probe_image(
+        data, max_pixels=limits.max_image_pixels, max_frames=limits.max_image_frames
+    )
+    params: dict[str, Any] = {
+        "n": n,
+        "size": size,
+        "image": data,
+        "max_image_pixels": limits.max_image_pixels,
+        "max_image_frames": limits.max_image_frames,
+    }
     return await _images(engine, prompt, request_id_of(request), params)

@@ -33,7 +33,8 @@ Errors (DESIGN §4, WebSocket):
   key (the router's ``require_api_key`` dependency), 503 for a pipeline
   without a text stage, the dead error when the engine is dead;
 - a malformed client event (not JSON, not an object, unknown ``type``,
-  missing or mistyped fields) gets one error event, 400 ``BadRequestError``
+  missing or mistyped fields, instructions over ``--max-prompt-chars``) gets
+  one error event, 400 ``BadRequestError``
   with ``param``, carrying the event's ``event_id``; the session goes on;
 - a failed response (a stage raised, the engine died, the guardrail refused,
   a stage rejected a parameter) sends one error event, carrying the
@@ -61,6 +62,7 @@ from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
 from vllm_omni.entrypoints.openai.routes.common import (
+    check_prompt,
     engine_of,
     request_id_of,
     require_modality,
@@ -229,7 +231,9 @@ class _Session:
         try:
             event = _decode(frame)
             event_id = _event_id(event)
-            return _response_create(event, event_id)
+            request = _response_create(event, event_id)
+            check_prompt(self._ws, request.instructions, "response.instructions")
+            return request
         except VLLMValidationError as exc:
             details = stream_error_details(self._ws, exc)
             await self._ws.send_json(ws_error_event(details, event_id=event_id))
