@@ -19,14 +19,23 @@ import random
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["MAX_MODEL_LEN", "VERSION", "build_tiny_model", "default_cache_dir"]
+__all__ = [
+    "LORA_RANK",
+    "MAX_MODEL_LEN",
+    "VERSION",
+    "build_tiny_lora",
+    "build_tiny_model",
+    "default_cache_dir",
+]
 
 # Bump when the recipe changes: the cache directory is keyed by it.
 VERSION = "1"
 SEED = 0
 MAX_MODEL_LEN = 128
+LORA_RANK = 8
 VOCAB_SIZE = 512
 _WORDS = (
     "omni stage audio image video token model engine request stream error "
@@ -96,21 +105,65 @@ def _build(target: Path) -> None:
     Qwen2ForCausalLM(config).save_pretrained(target, safe_serialization=True)
 
 
+def _build_lora(target: Path) -> None:
+    """A PEFT LoRA adapter (rank 8, q_proj and v_proj) for the tiny model."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    torch.manual_seed(SEED + 1)
+    outputs = {"q_proj": 4 * 32, "v_proj": 2 * 32}
+    tensors = {}
+    for layer in range(2):
+        for module, out in outputs.items():
+            prefix = f"base_model.model.model.layers.{layer}.self_attn.{module}"
+            tensors[f"{prefix}.lora_A.weight"] = torch.randn(LORA_RANK, 128) * 0.02
+            tensors[f"{prefix}.lora_B.weight"] = torch.randn(out, LORA_RANK) * 0.02
+    target.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(target / "adapter_model.safetensors"))
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": LORA_RANK,
+        "lora_alpha": 16,
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "target_modules": sorted(outputs),
+        "base_model_name_or_path": "tiny-qwen2",
+        "fan_in_fan_out": False,
+    }
+    (target / "adapter_config.json").write_text(json.dumps(config, indent=2))
+
+
 def build_tiny_model(cache_dir: Path | None = None) -> Path:
     """The model directory, built once into ``cache_dir`` (atomic rename)."""
+    return _cached(cache_dir, f"tiny-qwen2-v{VERSION}", "config.json", _build)
+
+
+def build_tiny_lora(cache_dir: Path | None = None) -> Path:
+    """A LoRA adapter directory for the tiny model, built once like it."""
+    return _cached(
+        cache_dir, f"tiny-qwen2-lora-v{VERSION}", "adapter_config.json", _build_lora
+    )
+
+
+def _cached(
+    cache_dir: Path | None, name: str, marker: str, build: Callable[[Path], None]
+) -> Path:
     root = cache_dir or default_cache_dir()
-    target = root / f"tiny-qwen2-v{VERSION}"
-    if (target / "config.json").is_file():
+    target = root / name
+    if (target / marker).is_file():
         return target
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".tiny-qwen2-", dir=root))
     try:
-        _build(staging)
+        build(staging)
         try:
             staging.rename(target)
         except OSError:
             # Another process built it first: keep theirs.
-            if not (target / "config.json").is_file():
+            if not (target / marker).is_file():
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -118,4 +171,6 @@ def build_tiny_model(cache_dir: Path | None = None) -> Path:
 
 
 if __name__ == "__main__":
-    print(build_tiny_model(Path(sys.argv[1]) if len(sys.argv) > 1 else None))
+    cache = Path(sys.argv[1]) if len(sys.argv) > 1 else None
+    print(build_tiny_model(cache))
+    print(build_tiny_lora(cache))

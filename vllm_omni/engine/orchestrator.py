@@ -287,7 +287,9 @@ class Orchestrator:
                 target=run_stage_process,
                 args=(spec,),
                 name=f"omni-stage-{handle.config.id}-{handle.config.name}",
-                daemon=True,
+                # A vllm stage's AsyncLLM spawns its EngineCore process, which
+                # a daemonic process may not do; _reap still kills the stage.
+                daemon=handle.config.kind != "vllm",
             )
             process.start()
             handle.process = process
