@@ -9,12 +9,19 @@ engine (one server or one ``Omni``): the engine takes ~30 s to start here.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
+import psutil
 import pytest
 import yaml
+
+from tests.e2e.omni_server import OmniServer
 
 REAL_ENGINE = os.environ.get("VLLM_OMNI_REAL_ENGINE") == "1"
 if not REAL_ENGINE:
@@ -33,6 +40,8 @@ else:
 
 PIPELINE_TEMPLATE = Path(__file__).with_name("tiny-vllm.yaml")
 ADAPTER = "tiny-adapter"
+# The engine starts in ~30 s on an idle 2-core machine; much longer under load.
+STARTUP_TIMEOUT_S = 420.0
 
 
 @pytest.fixture(scope="session")
@@ -70,3 +79,52 @@ def write_tiny_pipeline(
     path = directory / "pipeline.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
+
+
+def _descendants(server: OmniServer) -> list[psutil.Process]:
+    try:
+        return psutil.Process(server.proc.pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+@contextlib.contextmanager
+def running_servers(servers: dict[str, OmniServer]) -> Iterator[dict[str, OmniServer]]:
+    """Wait until every server is ready (they start in parallel), then stop
+    them all and kill every process they ever started: a stage killed while
+    its AsyncLLM starts leaves the EngineCore orphaned (reparented to init,
+    out of the server's tree), so the tree is sampled while waiting too."""
+    seen: dict[int, psutil.Process] = {}
+
+    def sample() -> None:
+        for server in servers.values():
+            seen.update((p.pid, p) for p in _descendants(server))
+
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        pending = list(servers.values())
+        while pending:
+            sample()
+            server = pending[0]
+            if server.proc.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{server.log()[-3000:]}")
+            try:
+                ready = httpx.get(server.base_url + "/health", timeout=1.0)
+            except httpx.HTTPError:
+                ready = None
+            if ready is not None and ready.status_code == 200:
+                pending.pop(0)
+                continue
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server not ready:\n{server.log()[-3000:]}")
+            time.sleep(0.2)
+        sample()
+        yield servers
+    finally:
+        sample()
+        for server in servers.values():
+            server.stop()
+        for process in seen.values():
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        psutil.wait_procs(list(seen.values()), timeout=10)

@@ -20,10 +20,14 @@ import openai
 import pytest
 
 from tests.e2e.omni_server import OmniServer, start_server
-from tests.real_engine.conftest import ADAPTER, write_tiny_pipeline
+from tests.real_engine.conftest import (
+    ADAPTER,
+    running_servers,
+    write_tiny_pipeline,
+)
 from tests.real_engine.tiny_model import MAX_MODEL_LEN
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(600)
 
 LONG_PROMPT = "omni stage " * (2 * MAX_MODEL_LEN)
 
@@ -36,12 +40,8 @@ def server(
     pipeline = write_tiny_pipeline(
         directory, tiny_model, lora=tiny_lora, enable_log_requests=True
     )
-    server = start_server(directory, pipeline)
-    try:
-        server.wait_ready(timeout=180)
-        yield server
-    finally:
-        server.stop()
+    with running_servers({"http": start_server(directory, pipeline)}) as started:
+        yield started["http"]
 
 
 @pytest.fixture(scope="module")
