@@ -9,7 +9,9 @@ the other, with the same prompts; each figure is the median of ``ROUNDS``.
 
 - TTFT: from ``generate`` to the first text delta (greedy, ``max_tokens=8``);
 - error: a prompt over ``max_model_len``, rejected by upstream's input
-  processor (``VLLMValidationError``), from ``generate`` to the exception.
+  processor, from ``generate`` to the exception (upstream's
+  ``VLLMValidationError``; ours, the 400 ``OmniClientError`` rebuilt from the
+  stage's record).
 
 Run it in the real-engine environment (built by ``requirements/cpu-engine.sh``)::
 
@@ -85,7 +87,7 @@ async def _upstream(engine_args: dict[str, Any]) -> tuple[float, float]:
 
 async def _ours(pipeline: Path) -> tuple[float, float]:
     from vllm_omni.entrypoints.async_omni import AsyncOmni
-    from vllm_omni.errors import VLLMValidationError
+    from vllm_omni.errors import OmniClientError
 
     engine = await AsyncOmni.create(pipeline=str(pipeline), startup_timeout_s=600)
     try:
@@ -109,7 +111,7 @@ async def _ours(pipeline: Path) -> tuple[float, float]:
                     LONG_PROMPT, request_id=f"err-{i}", params={"max_tokens": 8}
                 ):
                     pass
-            except VLLMValidationError:
+            except OmniClientError:
                 return time.perf_counter() - start
             raise RuntimeError("no error")
 
