@@ -1,4 +1,4 @@
-"""The ``vllm`` stage: text generation by upstream vLLM's ``AsyncLLM`` (GPU).
+"""The ``vllm`` stage: text generation by upstream's ``AsyncLLM`` (GPU or CPU build).
 
 Owns the bridge from a stage request to ``AsyncLLM.generate`` and the
 translation of what upstream reports into what the stage worker normalizes:
