@@ -20,6 +20,11 @@ import openai
 import pytest
 
 from tests.e2e.omni_server import OmniServer, start_server
+from tests.e2e.servers import (
+    assert_http_error_counted,
+    metric_samples,
+    settled_samples,
+)
 from tests.real_engine.conftest import (
     ADAPTER,
     running_servers,
@@ -30,6 +35,7 @@ from tests.real_engine.tiny_model import MAX_MODEL_LEN
 pytestmark = pytest.mark.timeout(600)
 
 LONG_PROMPT = "omni stage " * (2 * MAX_MODEL_LEN)
+CHAT = "/v1/chat/completions"
 
 
 @pytest.fixture(scope="module")
@@ -76,10 +82,17 @@ def test_completion_and_stream(client: openai.OpenAI) -> None:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 def test_negative_temperature_is_upstreams_400(
-    client: openai.OpenAI, stream: bool
+    client: openai.OpenAI, server: OmniServer, stream: bool
 ) -> None:
+    before = metric_samples(server.base_url)
     with pytest.raises(openai.BadRequestError) as info:
         chat(client, "hello", temperature=-1, stream=stream)
+    after = settled_samples(
+        server.base_url, before, "http_requests_total", 1, handler=CHAT
+    )
+    assert_http_error_counted(
+        before, after, handler=CHAT, status=400, error_type="BadRequestError"
+    )
     error = error_of(info.value)
     assert (error["code"], error["type"], error["param"]) == (
         400,
@@ -116,8 +129,15 @@ def test_unknown_adapter_is_a_404_and_the_engine_keeps_serving(
     client: openai.OpenAI, server: OmniServer, stream: bool
 ) -> None:
     unknown = "/tmp/no-such-adapter"
+    before = metric_samples(server.base_url)
     with pytest.raises(openai.NotFoundError) as info:
         chat(client, "hello", max_tokens=4, stream=stream, extra_body={"lora": unknown})
+    after = settled_samples(
+        server.base_url, before, "http_requests_total", 1, handler=CHAT
+    )
+    assert_http_error_counted(
+        before, after, handler=CHAT, status=404, error_type="NotFoundError"
+    )
     error = error_of(info.value)
     assert (error["code"], error["type"], error["stage_id"]) == (
         404,
