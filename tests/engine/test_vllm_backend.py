@@ -75,12 +75,23 @@ class FakeAsyncLLM:
         self.script = script
         self.closed = False
         self.sampling_params: Any = None
+        self.lora_requests: list[Any] = []
+        self.added_loras: list[Any] = []
         self.was_shut_down = False
 
+    async def add_lora(self, lora_request: Any) -> bool:
+        self.added_loras.append(lora_request)
+        return True
+
     async def generate(
-        self, prompt: str, sampling_params: Any, request_id: str
+        self,
+        prompt: str,
+        sampling_params: Any,
+        request_id: str,
+        lora_request: Any = None,
     ) -> AsyncIterator[Any]:
         self.sampling_params = sampling_params
+        self.lora_requests.append(lora_request)
         try:
             for step in self.script:
                 if isinstance(step, BaseException):
@@ -95,16 +106,21 @@ class FakeAsyncLLM:
 
 
 def make_stage(
-    script: list[Any], engine_args: Any = ENGINE_ARGS
+    script: list[Any],
+    engine_args: Any = ENGINE_ARGS,
+    lora_modules: dict[str, str] | None = None,
 ) -> tuple[VLLMStage, list]:
     built: list[FakeAsyncLLM] = []
 
     def factory(args: dict[str, Any]) -> FakeAsyncLLM:
-        assert args == ENGINE_ARGS
+        assert args == engine_args
         built.append(FakeAsyncLLM(script))
         return built[0]
 
-    config = StageConfig(STAGE_ID, "gpu", "vllm", options={"engine_args": engine_args})
+    options: dict[str, Any] = {"engine_args": engine_args}
+    if lora_modules is not None:
+        options["lora_modules"] = lora_modules
+    config = StageConfig(STAGE_ID, "gpu", "vllm", options=options)
     pipeline = pipeline_from_mapping(
         {"model": "m", "stages": [{"id": STAGE_ID, "kind": "vllm"}]}
     )
@@ -193,11 +209,95 @@ async def test_validation_error_is_a_client_400_with_parameter() -> None:
     assert isinstance(to_exception(details), OmniClientError)
 
 
-async def test_stage_parameter_validation_before_the_engine() -> None:
+async def test_upstream_sampling_validation_before_the_engine() -> None:
     stage, built = make_stage([completion("never")])
     _, details = await run_like_the_worker(stage, {"temperature": -1})
-    assert details is not None and details.parameter == "temperature"
+    assert details is not None
+    assert (details.status_code, details.parameter) == (400, "temperature")
+    assert "-1" not in details.message
     assert built and built[0].sampling_params is None
+
+
+async def test_a_sampling_value_of_the_wrong_type_is_a_400() -> None:
+    stage, built = make_stage([completion("never")])
+    _, details = await run_like_the_worker(stage, {"max_tokens": "many"})
+    assert details is not None
+    assert (details.status_code, details.parameter) == (400, "max_tokens")
+    assert built and built[0].sampling_params is None
+
+
+LORA_ARGS = {"model": "facebook/opt-125m", "enable_lora": True}
+
+
+async def test_known_adapters_are_loaded_on_start_and_used_by_name() -> None:
+    stage, built = make_stage(
+        [completion("ok", "stop")],
+        engine_args=LORA_ARGS,
+        lora_modules={"sql": "/adapters/sql", "chat": "/adapters/chat"},
+    )
+    await stage.start()
+    assert [
+        (r.lora_name, r.lora_int_id, r.lora_path) for r in built[0].added_loras
+    ] == [
+        ("chat", 1, "/adapters/chat"),
+        ("sql", 2, "/adapters/sql"),
+    ]
+    chunks, details = await run_like_the_worker(stage, {"lora": "sql"})
+    assert details is None and [c.text for c in chunks] == ["ok"]
+    (used,) = built[0].lora_requests
+    assert (used.lora_name, used.lora_int_id, used.lora_path) == (
+        "sql",
+        2,
+        "/adapters/sql",
+    )
+
+
+@pytest.mark.parametrize("name", ["missing", "/tmp/adapter", "../sql"])
+async def test_an_unknown_adapter_is_a_404_that_never_reaches_the_engine(
+    name: str,
+) -> None:
+    stage, built = make_stage(
+        [completion("never")],
+        engine_args=LORA_ARGS,
+        lora_modules={"sql": "/adapters/sql"},
+    )
+    _, details = await run_like_the_worker(stage, {"lora": name})
+    assert details is not None
+    assert (details.category, details.status_code, details.error_type) == (
+        "client",
+        404,
+        "NotFoundError",
+    )
+    assert name not in details.message and not details.fatal
+    assert built[0].lora_requests == []
+
+
+async def test_without_enable_lora_any_adapter_is_a_400_before_the_engine() -> None:
+    stage, built = make_stage(
+        [completion("never")], lora_modules={"sql": "/adapters/sql"}
+    )
+    _, details = await run_like_the_worker(stage, {"lora": "sql"})
+    assert details is not None
+    assert (details.status_code, details.parameter) == (400, "lora")
+    assert "/adapters" not in details.message
+    assert built[0].lora_requests == [] and built[0].added_loras == []
+
+
+@pytest.mark.parametrize("value", [3, "", ["sql"]])
+async def test_a_lora_that_is_not_a_name_is_a_400(value: object) -> None:
+    stage, built = make_stage(
+        [completion("never")], engine_args=LORA_ARGS, lora_modules={}
+    )
+    _, details = await run_like_the_worker(stage, {"lora": value})
+    assert details is not None
+    assert (details.status_code, details.parameter) == (400, "lora")
+    assert built[0].lora_requests == []
+
+
+def test_lora_modules_must_map_names_to_paths() -> None:
+    with pytest.raises(VLLMValidationError) as info:
+        make_stage([], lora_modules={"sql": 3})  # type: ignore[dict-item]
+    assert info.value.parameter == f"stages[{STAGE_ID}].options.lora_modules"
 
 
 @pytest.mark.parametrize(

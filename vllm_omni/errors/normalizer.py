@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+import re
 from typing import Any, Literal, NoReturn
 
 from vllm_omni.errors.details import (
@@ -74,13 +75,25 @@ def _attr(exc: BaseException, name: str | None) -> Any:
         return None
 
 
+def _without_value(exc: BaseException, text: str) -> str:
+    """``text`` with the exception's own rejected ``value`` cut out: upstream
+    writes it into the message too (``temperature must be non-negative, got
+    -1.0.``), and a client must never get its rejected value back."""
+    value = _attr(exc, "value") if isinstance(exc, _VALUE_CARRIERS) else None
+    if value is None or isinstance(value, bool):
+        return text
+    shown = {str(value), repr(value)} - {""}
+    pattern = "|".join(re.escape(v) for v in sorted(shown, key=len, reverse=True))
+    return re.sub(rf"(?<![\w.-])(?:{pattern})(?![\w])", "the rejected value", text)
+
+
 def _own_text(exc: BaseException) -> str:
     message = _attr(exc, "message")
     if isinstance(message, str):
-        return message
+        return _without_value(exc, message)
     args = _attr(exc, "args") or ()
     if isinstance(args, tuple) and args and isinstance(args[0], str):
-        return args[0]
+        return _without_value(exc, args[0])
     if isinstance(exc, _VALUE_CARRIERS):
         return ""
     try:

@@ -104,6 +104,10 @@ def _params(request: ChatCompletionRequest) -> dict[str, Any]:
         params["seed"] = request.seed
     if request.audio is not None:
         params["voice"] = request.audio.voice
+    # A LoRA adapter by name (``extra_body={"lora": ...}``); the stage decides.
+    lora = (request.model_extra or {}).get("lora")
+    if lora is not None:
+        params["lora"] = lora
     return params
 
 

@@ -1,0 +1,184 @@
+"""SIGKILL of the real EngineCore process while a stream and a plain request
+are in flight: the stream ends with one terminal error event, the plain
+request is a 500 naming the vllm stage, and the server exits 1 — unless
+``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH`` keeps it up with ``/health`` 503.
+
+Before the kill, both servers (LoRA off) answer a LoRA request with a 400.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import psutil
+import pytest
+
+from tests.e2e.omni_server import OmniServer, start_server
+from tests.real_engine.conftest import (
+    running_servers,
+    write_tiny_pipeline,
+)
+from tests.real_engine.tiny_model import MAX_MODEL_LEN
+
+pytestmark = pytest.mark.timeout(600)
+
+GENERIC = "The server had an error while processing your request."
+CHAT = "/v1/chat/completions"
+STAGE_ID = 1
+LONG = {"max_tokens": MAX_MODEL_LEN - 16}
+
+
+@pytest.fixture(scope="module")
+def servers(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model: Path
+) -> Iterator[dict[str, OmniServer]]:
+    root = tmp_path_factory.mktemp("real-death")
+
+    def pipeline(directory: Path) -> Path:
+        return write_tiny_pipeline(directory, tiny_model)
+
+    # One after the other: two engines starting at once on 2 cores can pass
+    # the orchestrator's 120 s startup limit when the machine is busy.
+    with (
+        running_servers(
+            {"exits": start_server(root / "exits", pipeline(root / "exits"))}
+        ) as exits,
+        running_servers(
+            {
+                "alive": start_server(
+                    root / "alive",
+                    pipeline(root / "alive"),
+                    env={"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"},
+                )
+            }
+        ) as alive,
+    ):
+        yield {**exits, **alive}
+
+
+def engine_core_pid(server: OmniServer) -> int:
+    for child in psutil.Process(server.proc.pid).children(recursive=True):
+        try:
+            if (
+                "EngineCore" in " ".join(child.cmdline())
+                or "EngineCore" in child.name()
+            ):
+                return child.pid
+        except psutil.NoSuchProcess:
+            continue
+    raise AssertionError("no EngineCore process under the server")
+
+
+def _plain(base: str, sink: dict[str, Any]) -> None:
+    sink["response"] = httpx.post(
+        base + CHAT,
+        json={"messages": [{"role": "user", "content": "hello"}], **LONG},
+        timeout=60,
+    )
+
+
+def kill_engine_during_stream(server: OmniServer) -> tuple[list[str], httpx.Response]:
+    """SIGKILL the EngineCore after the stream's first chunk; the stream's
+    data events and the in-flight plain request's response."""
+    plain: dict[str, Any] = {}
+    waiter = threading.Thread(target=_plain, args=(server.base_url, plain))
+    pid = engine_core_pid(server)
+    with httpx.stream(
+        "POST",
+        server.base_url + CHAT,
+        json={
+            "messages": [{"role": "user", "content": "hello world"}],
+            "stream": True,
+            **LONG,
+        },
+        timeout=60,
+    ) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        events = [next(lines).removeprefix("data: ")]
+        waiter.start()
+        time.sleep(0.05)
+        os.kill(pid, signal.SIGKILL)
+        events += [
+            line.removeprefix("data: ") for line in lines if line.startswith("data: ")
+        ]
+    waiter.join(timeout=60)
+    return events, plain["response"]
+
+
+def assert_terminal_error(events: list[str]) -> None:
+    assert events[-1] == "[DONE]"
+    errors = [json.loads(e)["error"] for e in events[:-1] if e.startswith('{"error"')]
+    assert len(errors) == 1 and events[-2].startswith('{"error"')
+    (error,) = errors
+    assert (error["code"], error["type"], error["message"], error["stage_id"]) == (
+        500,
+        "InternalServerError",
+        GENERIC,
+        STAGE_ID,
+    )
+
+
+def assert_stage_500(response: httpx.Response) -> None:
+    assert response.status_code == 500
+    error = response.json()["error"]
+    assert (error["message"], error["stage_id"]) == (GENERIC, STAGE_ID)
+
+
+@pytest.mark.parametrize("name", ["exits", "alive"])
+def test_a_lora_request_without_lora_enabled_is_a_400(
+    servers: dict[str, OmniServer], name: str
+) -> None:
+    client = openai.OpenAI(
+        base_url=servers[name].base_url + "/v1", api_key="-", max_retries=0
+    )
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model="tiny-qwen2",
+            messages=[{"role": "user", "content": "hello"}],
+            extra_body={"lora": "some-adapter"},
+        )
+    error = info.value.response.json()["error"]
+    assert (error["code"], error["param"], error["stage_id"]) == (400, "lora", STAGE_ID)
+    assert "some-adapter" not in error["message"]
+
+
+def test_sigkill_of_the_engine_core_fails_in_flight_and_exits_1(
+    servers: dict[str, OmniServer],
+) -> None:
+    server = servers["exits"]
+    events, plain = kill_engine_during_stream(server)
+    assert_terminal_error(events)
+    assert_stage_500(plain)
+    assert server.proc.wait(timeout=30) == 1
+    assert "engine dead: stage 1" in server.log()
+
+
+def test_keep_alive_serves_503_health_and_500s(
+    servers: dict[str, OmniServer],
+) -> None:
+    server = servers["alive"]
+    events, plain = kill_engine_during_stream(server)
+    assert_terminal_error(events)
+    assert_stage_500(plain)
+    health = httpx.get(server.base_url + "/health", timeout=5)
+    assert health.status_code == 503
+    assert health.json()["error"]["code"] == 503
+    after = httpx.post(
+        server.base_url + CHAT,
+        json={"messages": [{"role": "user", "content": "anyone?"}]},
+        timeout=30,
+    )
+    assert after.status_code == 500
+    assert after.json()["error"]["message"] == GENERIC
+    time.sleep(1)
+    assert server.proc.poll() is None
