@@ -10,7 +10,11 @@ contract on top:
   anything is sent; a consumer that goes away (``CancelledError`` /
   ``GeneratorExit``) aborts the request in every stage and is not an error;
 - ``errored``/``is_running``/``dead_error``/``check_health`` report a dead
-  engine the way upstream does, with ``OmniEngineDeadError(stage_id=…)``.
+  engine the way upstream does, with ``OmniEngineDeadError(stage_id=…)``;
+- admission: beyond ``max_num_queued_reqs`` requests in flight, ``generate``
+  raises upstream's ``QueueOverflowError`` (503, retryable) at once;
+- an engine dropped without ``shutdown()`` stops its stages when it is
+  garbage-collected (a finalizer posts the shutdown to the engine's loop).
 
 Usage (both forms start the stage processes; pick one)::
 
@@ -26,16 +30,23 @@ stages raised (rebuilt by ``to_exception``) or a semantic exception of its own.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import uuid
+import weakref
 from collections.abc import AsyncGenerator, Iterable, Mapping
 from typing import Any
 
 from vllm_omni.config import PipelineConfig, load_pipeline
-from vllm_omni.engine.orchestrator import Orchestrator, Transport
+from vllm_omni.engine.orchestrator import (
+    DEFAULT_MAX_NUM_QUEUED_REQS,
+    Orchestrator,
+    Transport,
+)
 from vllm_omni.engine.processes import start_forkserver
 from vllm_omni.errors import OmniEngineDeadError
+from vllm_omni.errors.metrics import AbortReason
 from vllm_omni.outputs import OmniRequestOutput
 
 __all__ = ["AsyncOmni"]
@@ -53,6 +64,8 @@ class AsyncOmni:
         startup_timeout_s: how long ``start`` waits for every stage.
         heartbeat_timeout_s: silence after which a *remote* stage is dead
             (local stages are watched through their process, every 100 ms).
+        max_num_queued_reqs: requests in flight before admission refuses
+            with ``QueueOverflowError`` (upstream's ``--max-num-queued-reqs``).
     """
 
     def __init__(
@@ -64,8 +77,10 @@ class AsyncOmni:
         port: int = 0,
         startup_timeout_s: float = 120.0,
         heartbeat_timeout_s: float = 10.0,
+        max_num_queued_reqs: int = DEFAULT_MAX_NUM_QUEUED_REQS,
     ) -> None:
         self.config = load_pipeline(pipeline)
+        self._finalizer: weakref.finalize | None = None
         self._orchestrator = Orchestrator(
             self.config,
             transport=transport,
@@ -73,6 +88,7 @@ class AsyncOmni:
             port=port,
             startup_timeout_s=startup_timeout_s,
             heartbeat_timeout_s=heartbeat_timeout_s,
+            max_num_queued_reqs=max_num_queued_reqs,
         )
 
     @classmethod
@@ -93,6 +109,11 @@ class AsyncOmni:
         ``OmniServiceUnavailableError`` if the stages are not ready in time.
         """
         start_forkserver()
+        # Registered before the stages start: a half-started engine that is
+        # dropped must not leave processes behind either.
+        self._finalizer = weakref.finalize(
+            self, _shutdown_soon, asyncio.get_running_loop(), self._orchestrator
+        )
         await self._orchestrator.start()
 
     async def __aenter__(self) -> AsyncOmni:
@@ -169,10 +190,15 @@ class AsyncOmni:
             async for output in outputs:
                 yield output
 
-    async def abort(self, request_id: str) -> None:
-        """Abort a request in every stage; its stream ends with
-        ``finish_reason="abort"``. Unknown ids are ignored."""
-        self._orchestrator.abort(request_id)
+    async def abort(
+        self, request_id: str | Iterable[str], *, reason: AbortReason = "abort"
+    ) -> None:
+        """Abort requests in every stage; their streams end with
+        ``finish_reason="abort"``. Unknown ids are ignored. ``reason`` labels
+        ``vllm_omni:aborts_total``."""
+        ids = (request_id,) if isinstance(request_id, str) else request_id
+        for one in ids:
+            self._orchestrator.abort(one, reason=reason)
 
     # -- health ----------------------------------------------------------------
 
@@ -220,4 +246,16 @@ class AsyncOmni:
         Call it from the engine's event-loop thread. In-flight requests fail
         with ``OmniServiceUnavailableError`` (503).
         """
+        if self._finalizer is not None:
+            self._finalizer.detach()
         self._orchestrator.shutdown()
+
+
+def _shutdown_soon(loop: asyncio.AbstractEventLoop, orchestrator: Orchestrator) -> None:
+    """Finalizer of a dropped engine: shut it down on its own loop (the garbage
+    collector may run in any thread); the loop is gone, shut it down here."""
+    if loop.is_closed():
+        orchestrator.shutdown()
+        return
+    with contextlib.suppress(RuntimeError):  # closed between check and call
+        loop.call_soon_threadsafe(orchestrator.shutdown)

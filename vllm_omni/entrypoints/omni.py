@@ -10,6 +10,13 @@ modalities, ``OmniServiceUnavailableError``, ...), or the remote
 With ``raise_on_error=False`` a failed prompt instead returns an output whose
 ``details`` is the error record.
 
+A call never leaves work behind: ``generate(timeout=…)`` raises
+``OmniStageTimeoutError`` (504) when the prompts are not done in time, and on
+that, on ``KeyboardInterrupt`` (Ctrl-C) or on any other exception while it
+waits, every request of the call is aborted in every stage before the
+exception propagates. An ``Omni`` dropped without ``close()`` is stopped by a
+finalizer (stages and loop thread gone within about two seconds).
+
 Usage::
 
     if __name__ == "__main__":   # stage processes re-import the main module
@@ -22,20 +29,31 @@ This module must not classify errors or render them.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
+import logging
 import os
 import threading
 import uuid
+import weakref
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
 from vllm_omni.config import PipelineConfig
 from vllm_omni.entrypoints.async_omni import AsyncOmni
-from vllm_omni.errors import normalize
+from vllm_omni.errors import OmniStageTimeoutError, normalize
+from vllm_omni.errors.metrics import AbortReason
 from vllm_omni.outputs import DiffusionOutput, OmniRequestOutput
 
 __all__ = ["Omni"]
 
 _T = TypeVar("_T")
+
+logger = logging.getLogger(__name__)
+
+# How long a failed or interrupted call waits for its aborts to be posted.
+_ABORT_WAIT_S = 2.0
+_SHUTDOWN_WAIT_S = 10.0
 
 
 class Omni:
@@ -55,16 +73,21 @@ class Omni:
         )
         self._thread.start()
         self._closed = False
+        # Does not reference self: it runs when this object is collected.
+        self._finalizer = weakref.finalize(
+            self, _stop, self._loop, self._thread, _EngineRef()
+        )
         try:
             self.engine: AsyncOmni = self._call(
                 AsyncOmni.create(pipeline, **engine_kwargs)
             )
         except BaseException:
-            self._stop_loop()
+            self._finalizer()
             raise
+        self._finalizer.args[2].engine = self.engine
 
-    def _call(self, coro: Coroutine[Any, Any, _T]) -> _T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+    def _call(self, coro: Coroutine[Any, Any, _T], timeout: float | None = None) -> _T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
     @overload
     def generate(  # type: ignore[overload-overlap]  # a str is a Sequence[str]
@@ -74,6 +97,7 @@ class Omni:
         modalities: Iterable[str] | str = ...,
         params: Mapping[str, Any] | None = ...,
         raise_on_error: bool = ...,
+        timeout: float | None = ...,
     ) -> OmniRequestOutput: ...
 
     @overload
@@ -84,6 +108,7 @@ class Omni:
         modalities: Iterable[str] | str = ...,
         params: Mapping[str, Any] | None = ...,
         raise_on_error: bool = ...,
+        timeout: float | None = ...,
     ) -> list[OmniRequestOutput]: ...
 
     def generate(
@@ -93,27 +118,61 @@ class Omni:
         modalities: Iterable[str] | str = ("text",),
         params: Mapping[str, Any] | None = None,
         raise_on_error: bool = True,
+        timeout: float | None = None,
     ) -> OmniRequestOutput | list[OmniRequestOutput]:
         """Run prompts to completion; the final output of each (list in, list out).
 
         A list runs concurrently. With ``raise_on_error`` (default) the first
         failure in prompt order is raised; otherwise failed prompts return an
-        output with ``details`` set and ``finished=True``.
+        output with ``details`` set and ``finished=True``. ``timeout`` (seconds,
+        for the whole call) raises ``OmniStageTimeoutError`` (504). Whatever
+        ends the wait early (timeout, Ctrl-C, any exception) aborts every
+        request of the call in every stage first.
         """
         single = isinstance(prompts, str)
         batch = [prompts] if single else list(prompts)
         wanted = (modalities,) if isinstance(modalities, str) else tuple(modalities)
-        outputs = self._call(self._run_all(batch, wanted, params, raise_on_error))
+        request_ids = [f"omni-{uuid.uuid4().hex}" for _ in batch]
+        future = asyncio.run_coroutine_threadsafe(
+            self._run_all(batch, request_ids, wanted, params, raise_on_error),
+            self._loop,
+        )
+        try:
+            outputs = future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            self._abort(future, request_ids, "abort")
+            raise OmniStageTimeoutError(
+                f"The request did not finish within {timeout:g} s."
+            ) from None
+        except BaseException:
+            # Ctrl-C lands here while this thread waits; the work is on the
+            # loop thread and would run on in every stage without the abort.
+            self._abort(future, request_ids, "cancelled")
+            raise
         return outputs[0] if single else outputs
+
+    def _abort(
+        self,
+        future: concurrent.futures.Future[Any],
+        request_ids: list[str],
+        reason: AbortReason,
+    ) -> None:
+        if future.done():
+            return
+        try:
+            self._call(self.engine.abort(request_ids, reason=reason), _ABORT_WAIT_S)
+        except BaseException:  # a second Ctrl-C: still cancel, then give up
+            logger.warning("could not abort %d request(s) in time", len(request_ids))
+        future.cancel()
 
     async def _run_all(
         self,
         prompts: list[Any],
+        request_ids: list[str],
         modalities: tuple[str, ...],
         params: Mapping[str, Any] | None,
         raise_on_error: bool,
     ) -> list[OmniRequestOutput]:
-        request_ids = [f"omni-{uuid.uuid4().hex}" for _ in prompts]
         results = await asyncio.gather(
             *(
                 self._run_one(prompt, request_id, modalities, params)
@@ -151,16 +210,7 @@ class Omni:
         if self._closed:
             return
         self._closed = True
-        try:
-            self._call(_shutdown(self.engine))
-        finally:
-            self._stop_loop()
-
-    def _stop_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10.0)
-        if not self._thread.is_alive():
-            self._loop.close()
+        self._finalizer()
 
     def __enter__(self) -> Omni:
         return self
@@ -169,8 +219,30 @@ class Omni:
         self.close()
 
 
+class _EngineRef:
+    """The finalizer's handle on the engine, filled in once it started."""
+
+    engine: AsyncOmni | None = None
+
+
 async def _shutdown(engine: AsyncOmni) -> None:
     engine.shutdown()
+
+
+def _stop(
+    loop: asyncio.AbstractEventLoop, thread: threading.Thread, ref: _EngineRef
+) -> None:
+    """Shut the engine down on its loop, then stop the loop and its thread
+    (``close()`` and the finalizer of a dropped ``Omni``)."""
+    if ref.engine is not None and thread.is_alive():
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(_shutdown(ref.engine), loop).result(
+                _SHUTDOWN_WAIT_S
+            )
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout=_SHUTDOWN_WAIT_S)
+    if not thread.is_alive():
+        loop.close()
 
 
 def _failed_output(
