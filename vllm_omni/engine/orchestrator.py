@@ -343,7 +343,9 @@ class Orchestrator:
             lambda req: OmniServiceUnavailableError("The engine is shutting down.")
         )
         for task in self._tasks:
-            task.cancel()
+            # A dropped engine may be finalized after its loop closed.
+            with contextlib.suppress(RuntimeError):
+                task.cancel()
         for handle in self._handles.values():
             if handle.ready.done() and not handle.ready.cancelled():
                 handle.ready.exception()  # retrieved: a failed start already raised

@@ -74,8 +74,9 @@ class Omni:
         self._thread.start()
         self._closed = False
         # Does not reference self: it runs when this object is collected.
+        engine_ref = _EngineRef()
         self._finalizer = weakref.finalize(
-            self, _stop, self._loop, self._thread, _EngineRef()
+            self, _stop, self._loop, self._thread, engine_ref
         )
         try:
             self.engine: AsyncOmni = self._call(
@@ -84,7 +85,7 @@ class Omni:
         except BaseException:
             self._finalizer()
             raise
-        self._finalizer.args[2].engine = self.engine
+        engine_ref.engine = self.engine
 
     def _call(self, coro: Coroutine[Any, Any, _T], timeout: float | None = None) -> _T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
