@@ -61,6 +61,7 @@ FAULTS: list[dict[str, Any]] = [
     {"stage": 1, "marker": "@boom", "action": "raise"},
     {"stage": 1, "marker": "@hang", "action": "hang"},
     {"stage": 2, "marker": "@talkboom", "action": "raise"},
+    {"stage": 2, "marker": "@talkhang", "action": "hang"},
     {"stage": 3, "marker": "@die", "action": "exit"},
     {
         "stage": 1,
@@ -191,6 +192,7 @@ def start_server(
     error_mode: str = "strict",
     env: dict[str, str] | None = None,
     job_store: Path | None = None,
+    extra_args: tuple[str, ...] = (),
 ) -> OmniServer:
     """Spawn (without waiting for readiness: start several, then wait)."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -211,6 +213,7 @@ def start_server(
     ]
     if api_key:
         argv += ["--api-key", api_key]
+    argv += extra_args
     log_path = directory / f"server-{port}.log"
     proc = subprocess.Popen(
         argv,
