@@ -14,7 +14,14 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-MODULES = ("bench_errors", "bench_http", "bench_startup", "bench_audit", "soak")
+MODULES = (
+    "bench_errors",
+    "bench_http",
+    "bench_startup",
+    "bench_audit",
+    "bench_burst",
+    "soak",
+)
 COLUMNS = ("benchmark", "ours", "baseline", "ratio", "unit")
 
 
