@@ -157,7 +157,7 @@ def run() -> list[dict[str, object]]:
                 "benchmark": f"burst p99 time to 503 ({case.name})",
                 "ours": None
                 if case.p99_refusal_ms is None
-                else round(case.p99_refusal_ms, 1),
+                else round(case.p99_refusal_ms, 3),
                 "baseline": None,
                 "ratio": None,
                 "unit": "ms",
