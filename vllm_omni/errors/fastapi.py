@@ -295,7 +295,11 @@ class ErrorBoundary:
         context = AbortContext()
         set_abort_context(context)
         if scope["type"] == "websocket":
-            await self._call(scope, _websocket_receive(receive, context), send)
+            await self._call(
+                scope,
+                _websocket_receive(receive, context),
+                _websocket_send(send, context),
+            )
             return
         watch = _DisconnectWatch(receive, context)
         route = asyncio.ensure_future(
@@ -437,6 +441,20 @@ def _websocket_receive(receive: Receive, context: AbortContext) -> Receive:
         if message["type"] == "websocket.disconnect":
             context.reason = "client_disconnect"
         return message
+
+    return marking
+
+
+def _websocket_send(send: Send, context: AbortContext) -> Send:
+    """``send`` that marks the session's aborts as client disconnects when the
+    client is gone before it said so (a send to a closed socket fails)."""
+
+    async def marking(message: Message) -> None:
+        try:
+            await send(message)
+        except Exception:
+            context.reason = "client_disconnect"
+            raise
 
     return marking
 
