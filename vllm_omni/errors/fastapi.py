@@ -238,12 +238,15 @@ def _terminate_if_errored(
         return
     if server is not None:
         terminate_if_errored(server=server, engine=engine)
-    dead = getattr(engine, "dead_error", None) if engine.errored else None
-    if dead is None or getattr(state, "reported_death", None) is dead:
+    if not (isinstance(exc, EngineDeadError) or details.fatal):
         return
-    # Once per death (the engine keeps one dead error per death); the death
-    # itself was logged CRITICAL by the orchestrator.
-    state.reported_death = dead
+    # Once per death: the engine keeps one dead error per death (an engine
+    # client without one dies once). The orchestrator logged it CRITICAL.
+    death = getattr(engine, "dead_error", None) if engine.errored else None
+    key = death if death is not None else engine
+    if getattr(state, "reported_death", None) is key:
+        return
+    state.reported_death = key
     logger.warning(
         "engine dead: stage %s failed fatally (first seen by request %s); %s",
         details.stage_id if details.stage_id is not None else "unknown",
