@@ -21,6 +21,7 @@ MODULES = (
     "bench_startup",
     "bench_audit",
     "bench_ray",
+    "bench_burst",
     "soak",
 )
 COLUMNS = ("benchmark", "ours", "baseline", "ratio", "unit")

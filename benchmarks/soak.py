@@ -26,6 +26,20 @@ reconciles what the clients saw with what the server says (DESIGN §4, §7):
   missed stage deadline, no other warning or error;
 - after SIGTERM the server shuts its stages down and exits 0.
 
+Three phases target the edges (DESIGN §9):
+
+- **disconnect**: in the mix, clients that hang up before their response
+  started (plain chat, a stream before its first chunk, speech, an upload cut
+  mid-body); each must be a 499 (a 4xx, never a 5xx), no error, one
+  ``aborts_total{reason="client_disconnect"}`` and one INFO log line;
+- **cancellation**: in the mix, a stage that raises ``CancelledError`` on its
+  own; each must be a 500 with the stage's id at once, not a 504;
+- **burst**: after the mix, two heavy image requests (n=10, 1024x1024) and
+  then ``BURST`` small ones at once, against ``--max-num-queued-reqs``
+  ``QUEUE_LIMIT``: every request must end in a 200 or a canonical 503 with
+  ``Retry-After`` (zero lost), ``admission_rejections_total`` must grow by the
+  503s, and refusals log at INFO.
+
 "Requests" are HTTP requests (job polls and listing included) plus client
 events sent on WebSockets. ``python benchmarks/soak.py`` prints one row per
 check and exits non-zero on any mismatch (``--keep`` keeps the server log,
@@ -70,6 +84,16 @@ SETTLE_TIMEOUT_S = 10.0
 RSS_SETTLE_S = 2.0
 RSS_LIMIT_MIB = 50.0
 JOB_DEADLINE_S = 60.0
+# The burst phase: the server admits QUEUE_LIMIT requests; BURST arrive at once.
+QUEUE_LIMIT = 64
+BURST = 300
+HANG_UP_AFTER_S = 0.3
+CANCEL_FAULT = {
+    "stage": 1,
+    "marker": "@cancel",
+    "action": "raise",
+    "exception": "asyncio.exceptions:CancelledError",
+}
 REQUEST_TIMEOUT_S = 30.0
 VIDEO_FAULT = {"stage": 5, "marker": "@vboom", "action": "raise"}
 MiB = 1024 * 1024
@@ -104,6 +128,12 @@ class Record:
     codes: Counter[int | None] = field(default_factory=Counter)
     canonical: int = 0
     ws_events: int = 0
+    # Hang-ups before a response (each must be one client_disconnect abort).
+    disconnects: int = 0
+    # Hang-ups mid-stream: an abort only if the engine was still working.
+    cuts: int = 0
+    # 503s refused at admission (logged at INFO, not ERROR).
+    refusals: int = 0
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -301,8 +331,48 @@ async def _cut_stream(ctx: Ctx, rec: Record) -> str:
         rec.statuses.append(200)
         async for line in response.aiter_lines():
             if line.startswith("data: "):
-                return "cut" if "error" not in line and "[DONE]" not in line else line
+                if "error" in line or "[DONE]" in line:
+                    return line
+                rec.cuts += 1
+                return "cut"
     return "sse ended before the cut"
+
+
+def _hang_up(path: str, body: dict[str, Any]) -> Action:
+    """Send, wait briefly for a response that does not come, close."""
+
+    async def action(ctx: Ctx, rec: Record) -> str:
+        timeout = httpx.Timeout(REQUEST_TIMEOUT_S, read=HANG_UP_AFTER_S)
+        try:
+            response = await ctx.http.post(path, json=body, timeout=timeout)
+        except httpx.ReadTimeout:
+            rec.statuses.append(499)  # what the server records; nobody reads it
+            rec.disconnects += 1
+            return "hung up"
+        return _http_outcome(rec, response, None)
+
+    return action
+
+
+async def _cut_upload(ctx: Ctx, rec: Record) -> str:
+    """Announce a large multipart body, send a little, close the socket."""
+    url = ctx.http.base_url
+    _, writer = await asyncio.open_connection(url.host, url.port)
+    writer.write(
+        (
+            f"POST /v1/videos HTTP/1.1\r\nHost: {url.host}:{url.port}\r\n"
+            "Content-Type: multipart/form-data; boundary=XX\r\n"
+            "Content-Length: 100000\r\n\r\n"
+            '--XX\r\nContent-Disposition: form-data; name="prompt"\r\n\r\nfox\r\n'
+        ).encode()
+    )
+    await writer.drain()
+    await asyncio.sleep(HANG_UP_AFTER_S)
+    writer.close()
+    await writer.wait_closed()
+    rec.statuses.append(499)
+    rec.disconnects += 1
+    return "hung up"
 
 
 async def _bad_image_edit(ctx: Ctx, rec: Record) -> str:
@@ -453,7 +523,10 @@ async def _ws_cut_session(ctx: Ctx, rec: Record) -> str:
         await _ws_send(ws, rec, {"type": "response.create", "response": create})
         while (kind := (await _ws_recv(ws)).get("type")) == "response.created":
             pass
-        return "cut" if kind == "response.text.delta" else f"{kind} before the cut"
+        if kind != "response.text.delta":
+            return f"{kind} before the cut"
+        rec.cuts += 1
+        return "cut"
 
 
 # -- the mix -----------------------------------------------------------------------
@@ -563,6 +636,31 @@ MIX: tuple[Kind, ...] = (
     ),
     Kind("stream cut by client", 200, "cut", _cut_stream),
     Kind(
+        "hang-up before the response, chat",
+        40,
+        "hung up",
+        _hang_up(CHAT, _chat("x @hang")),
+    ),
+    Kind(
+        "hang-up before the first chunk, stream",
+        40,
+        "hung up",
+        _hang_up(CHAT, _chat("x @hang", stream=True)),
+    ),
+    Kind(
+        "hang-up before the response, speech",
+        20,
+        "hung up",
+        _hang_up("/v1/audio/speech", {"input": "x @talkhang", "voice": "alloy"}),
+    ),
+    Kind("hang-up mid-upload, video", 20, "hung up", _cut_upload),
+    Kind(
+        "500 stage raises CancelledError",
+        30,
+        "http 500",
+        _post(CHAT, _chat("x @cancel"), BOOM),
+    ),
+    Kind(
         "ws session",
         250,
         "done,rejected error 400,rejected error 400,done",
@@ -627,6 +725,10 @@ def _errors_key(transport: str) -> str:
     return f'vllm_omni:errors_total{{transport="{transport}"}}'
 
 
+DISCONNECT_KEY = 'vllm_omni:aborts_total{reason="client_disconnect"}'
+REJECTIONS_KEY = "vllm_omni:admission_rejections_total"
+
+
 async def server_counts(http: httpx.AsyncClient) -> Counter[str]:
     """The two counters, summed per status group / transport."""
     text = (await http.get("/metrics")).text
@@ -639,6 +741,11 @@ async def server_counts(http: httpx.AsyncClient) -> Counter[str]:
                     totals[_http_key(labels["status"])] += int(sample.value)
             elif sample.name == "vllm_omni:errors_total":
                 totals[_errors_key(labels["transport"])] += int(sample.value)
+            elif sample.name == "vllm_omni:aborts_total":
+                if labels.get("reason") == "client_disconnect":
+                    totals[DISCONNECT_KEY] += int(sample.value)
+            elif sample.name == REJECTIONS_KEY:
+                totals[REJECTIONS_KEY] += int(sample.value)
     return totals
 
 
@@ -646,11 +753,14 @@ def client_counts(records: list[Record]) -> Counter[str]:
     """What the server's counters should have grown by, from what clients saw."""
     expected: Counter[str] = Counter({_http_key(g): 0 for g in GROUPS})
     expected.update({_errors_key(t): 0 for t in TRANSPORTS})
+    expected.update({DISCONNECT_KEY: 0, REJECTIONS_KEY: 0})
     for rec in records:
         for status in rec.statuses:
             expected[_http_key(f"{status // 100}xx")] += 1
         for transport, count in rec.errors.items():
             expected[_errors_key(transport)] += count
+        expected[DISCONNECT_KEY] += rec.disconnects
+        expected[REJECTIONS_KEY] += rec.refusals
     return expected
 
 
@@ -703,6 +813,8 @@ _LOG_LINE = re.compile(
 LOG_5XX = "5xx logged at ERROR with the request id"
 LOG_4XX = "4xx logged at INFO"
 LOG_DEADLINES = "stage deadlines logged at WARNING"
+LOG_REFUSED = "overload 503s logged at INFO"
+LOG_DISCONNECTS = "client disconnects logged once at INFO"
 LOG_OTHER = "other server warnings and errors"
 
 
@@ -728,6 +840,18 @@ def log_counts(text: str) -> Counter[str]:
             and " rejected with 4" in message
         ):
             counts[LOG_4XX] += 1
+        elif (
+            logger == "vllm_omni.errors"
+            and level == "INFO"
+            and message.endswith("(overload)")
+        ):
+            counts[LOG_REFUSED] += 1
+        elif (
+            logger == "vllm_omni.errors"
+            and level == "INFO"
+            and "client disconnected before the response started" in message
+        ):
+            counts[LOG_DISCONNECTS] += 1
         elif logger == "vllm_omni.engine.orchestrator" and "deadline" in message:
             counts[LOG_DEADLINES] += 1
         elif level in ("WARNING", "ERROR", "CRITICAL"):
@@ -743,14 +867,85 @@ def expected_log(records: list[Record]) -> Counter[str]:
             if code is not None:
                 classes[f"{code // 100}xx"] += count
     deadlines = sum(r.codes[504] for r in records)
+    refused = sum(r.refusals for r in records)
     return Counter(
         {
-            LOG_5XX: classes["5xx"],
+            LOG_5XX: classes["5xx"] - refused,
             LOG_4XX: classes["4xx"],
             LOG_DEADLINES: deadlines,
+            LOG_REFUSED: refused,
+            LOG_DISCONNECTS: sum(r.disconnects for r in records),
             LOG_OTHER: 0,
         }
     )
+
+
+# -- the burst phase ---------------------------------------------------------------
+
+
+async def _burst_one(
+    http: httpx.AsyncClient, index: int, params: dict[str, Any]
+) -> tuple[Record, float]:
+    rec = Record("burst", "http 200 or 503")
+    began = time.monotonic()
+    body = {"prompt": f"burst {index}", **params}
+    try:
+        response = await http.post("/v1/images/generations", json=body)
+    except Exception as exc:
+        rec.observed = f"client {type(exc).__name__}"
+        rec.problems.append(f"client: {type(exc).__name__}: {exc}"[:200])
+        return rec, time.monotonic() - began
+    overloaded = response.status_code == 503
+    rec.observed = _http_outcome(
+        rec, response, Spec("Service Unavailable") if overloaded else None
+    )
+    if overloaded:
+        rec.refusals += 1
+        if response.headers.get("retry-after") != "1":
+            rec.problems.append("503 without Retry-After: 1")
+    elif response.status_code == 200:
+        data = response.json()["data"]
+        if len(data) != params.get("n", 1) or not all(
+            d["b64_json"].startswith("iVBORw0KGgo") for d in data
+        ):
+            rec.problems.append("burst: 200 without its PNGs")
+    rec.expected = rec.observed if rec.observed in ("http 200", "http 503") else ""
+    return rec, time.monotonic() - began
+
+
+async def _burst(server: OmniServer, report: Report) -> list[Record]:
+    """Two heavy requests, then BURST small ones, all at once."""
+    params = [{"n": 10, "size": "1024x1024"}] * 2 + [{"size": "64x64"}] * BURST
+    limits = httpx.Limits(max_connections=len(params))
+    async with httpx.AsyncClient(
+        base_url=server.base_url, limits=limits, timeout=REQUEST_TIMEOUT_S
+    ) as http:
+        began = time.monotonic()
+        results = await asyncio.gather(
+            *(_burst_one(http, i, p) for i, p in enumerate(params))
+        )
+        report.burst_s = time.monotonic() - began
+    records = [rec for rec, _ in results]
+    refusal_times = sorted(t for rec, t in results if rec.refusals)
+    ended = sum(r.observed in ("http 200", "http 503") for r in records)
+    report.equal("burst: requests ending in 200 or 503 (none lost)", len(params), ended)
+    report.check(
+        "burst: some refused at admission, some served",
+        f"> 0 of {len(params)} each",
+        f"{sum(r.refusals for r in records)} refused",
+        0 < sum(r.refusals for r in records) < len(params),
+    )
+    report.equal(
+        "burst: 503s canonical, with Retry-After",
+        0,
+        sum(len(r.problems) for r in records),
+    )
+    report.burst_ok = sum(r.observed == "http 200" for r in records)
+    report.burst_refused = len(refusal_times)
+    if refusal_times:
+        index = min(len(refusal_times) - 1, int(0.99 * len(refusal_times)))
+        report.burst_p99_refusal_s = refusal_times[index]
+    return records
 
 
 # -- the soak ----------------------------------------------------------------------
@@ -771,6 +966,10 @@ class Report:
     log_expected: Counter[str] = field(default_factory=Counter)
     log_offset: int = 0
     notes: list[str] = field(default_factory=list)
+    burst_s: float = 0.0
+    burst_ok: int = 0
+    burst_refused: int = 0
+    burst_p99_refusal_s: float = 0.0
 
     @property
     def rate(self) -> float:
@@ -823,6 +1022,7 @@ async def _soak(server: OmniServer, report: Report, scale: float, seed: int) -> 
         began = time.monotonic()
         records = await drive(ctx, run_ops)
         report.duration_s = time.monotonic() - began
+        burst = await _burst(server, report)
         listing = Record("list jobs", "listed")
         listed = await list_jobs(ctx, listing)
         listing.observed = "listed"
@@ -832,7 +1032,8 @@ async def _soak(server: OmniServer, report: Report, scale: float, seed: int) -> 
         report.rss_after, report.stages_rss_after = _rss(server.proc.pid)
         healthy = (await http.get("/health")).status_code
 
-    planned = [r for r in records if r is not listing]
+    records += burst
+    planned = [r for r in records if r is not listing and r not in burst]
     report.requests = sum(r.requests for r in records)
     report.outcomes = Counter(r.observed for r in planned)
     report.log_expected = expected_log(warm + records)
@@ -851,8 +1052,18 @@ async def _soak(server: OmniServer, report: Report, scale: float, seed: int) -> 
     report.equal("protocol problems (stray lines, events, ids)", 0, protocol)
     expected = client_counts(records)
     grown = _delta(after, before)
-    for key in [_http_key(g) for g in GROUPS] + [_errors_key(t) for t in TRANSPORTS]:
+    keys = [_http_key(g) for g in GROUPS] + [_errors_key(t) for t in TRANSPORTS]
+    for key in [*keys, REJECTIONS_KEY]:
         report.equal(f"{key} growth", expected[key], grown[key])
+    # Every hang-up before a response is one abort; a mid-stream cut is one
+    # too unless the engine had already finished the request.
+    cuts = sum(r.cuts for r in records)
+    report.check(
+        f"{DISCONNECT_KEY} growth",
+        f"{expected[DISCONNECT_KEY]} + up to {cuts} cuts",
+        grown[DISCONNECT_KEY],
+        0 <= grown[DISCONNECT_KEY] - expected[DISCONNECT_KEY] <= cuts,
+    )
     created = ctx.job_ids
     finished = sum(listed.get(j) in ("completed", "failed") for j in created)
     report.equal("video jobs listed and completed/failed", len(created), finished)
@@ -880,8 +1091,13 @@ def soak(scale: float = 1.0, seed: int = 0, *, keep: bool = False) -> Report:
     report = Report()
     began = time.monotonic()
     directory = Path(tempfile.mkdtemp(prefix="vllm-omni-soak-"))
-    pipeline = write_pipeline(directory, faults=[*FAULTS, VIDEO_FAULT])
-    server = start_server(directory, pipeline, job_store=directory / "jobs.sqlite3")
+    pipeline = write_pipeline(directory, faults=[*FAULTS, VIDEO_FAULT, CANCEL_FAULT])
+    server = start_server(
+        directory,
+        pipeline,
+        job_store=directory / "jobs.sqlite3",
+        extra_args=("--max-num-queued-reqs", str(QUEUE_LIMIT)),
+    )
     try:
         server.wait_ready(READY_TIMEOUT_S)
         asyncio.run(
@@ -898,7 +1114,14 @@ def soak(scale: float = 1.0, seed: int = 0, *, keep: bool = False) -> Report:
     with server.log_path.open("rb") as log:
         log.seek(report.log_offset)
         logged = log_counts(log.read().decode(errors="replace"))
-    for name in (LOG_5XX, LOG_4XX, LOG_DEADLINES, LOG_OTHER):
+    for name in (
+        LOG_5XX,
+        LOG_4XX,
+        LOG_DEADLINES,
+        LOG_REFUSED,
+        LOG_DISCONNECTS,
+        LOG_OTHER,
+    ):
         report.equal(f"server log: {name}", report.log_expected[name], logged[name])
     report.equal("server exit code after SIGTERM", 0, server.proc.returncode)
     report.check(
@@ -933,7 +1156,11 @@ def summary(report: Report) -> str:
         f"after the run {report.rss_after / MiB:.1f} MiB; stage processes "
         f"{report.stages_rss_warm / MiB:.1f} MiB → "
         f"{report.stages_rss_after / MiB:.1f} MiB\n"
-        f"outcomes: {outcomes}"
+        f"outcomes: {outcomes}\n"
+        f"burst: {BURST + 2} image requests at once, limit {QUEUE_LIMIT}: "
+        f"{report.burst_ok} served, {report.burst_refused} refused (503) in "
+        f"{report.burst_s:.1f} s; p99 time to a 503 "
+        f"{report.burst_p99_refusal_s * 1000:.0f} ms"
     )
 
 

@@ -61,6 +61,7 @@ FAULTS: list[dict[str, Any]] = [
     {"stage": 1, "marker": "@boom", "action": "raise"},
     {"stage": 1, "marker": "@hang", "action": "hang"},
     {"stage": 2, "marker": "@talkboom", "action": "raise"},
+    {"stage": 2, "marker": "@talkhang", "action": "hang"},
     {"stage": 3, "marker": "@die", "action": "exit"},
     {
         "stage": 1,

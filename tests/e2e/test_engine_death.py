@@ -20,6 +20,7 @@ from tests.e2e.omni_server import (
     start_server,
     write_pipeline,
 )
+from tests.e2e.servers import metric_samples
 
 GENERIC = "The server had an error while processing your request."
 CHAT = "/v1/chat/completions"
@@ -154,3 +155,33 @@ def test_keep_alive_serves_503_health_and_500s(servers: dict[str, OmniServer]) -
 
 def test_logs_name_the_stage(servers: dict[str, OmniServer]) -> None:
     assert "engine dead: stage 3 failed fatally" in servers["alive"].log()
+
+
+def test_death_is_logged_once_and_later_refusals_at_info(
+    servers: dict[str, OmniServer],
+) -> None:
+    server = servers["alive"]
+    base = server.base_url
+    offset = len(server.log())
+    for index in range(3):
+        refused = httpx.post(
+            base + CHAT,
+            json={"messages": [{"role": "user", "content": "still there?"}]},
+            headers={"X-Request-Id": f"after-death-{index}"},
+        )
+        assert refused.status_code == 500
+        assert refused.json()["error"]["message"] == GENERIC
+    log = server.log()
+    critical = [line for line in log.splitlines() if "CRITICAL" in line]
+    assert len(critical) == 1, critical
+    assert (
+        "engine dead: stage 3 (vocoder) failed fatally: stage process" in (critical[0])
+    )
+    later = log[offset:].splitlines()
+    assert not [line for line in later if "ERROR" in line or "Traceback" in line]
+    for index in range(3):
+        mentions = [line for line in later if f"after-death-{index}" in line]
+        assert len(mentions) == 1 and " INFO " in mentions[0]
+        assert "(engine dead)" in mentions[0]
+    samples = metric_samples(base)
+    assert samples[("vllm_omni:engine_dead", ())] == 1

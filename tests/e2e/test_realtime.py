@@ -305,6 +305,12 @@ def test_disconnect_mid_response_aborts_and_is_not_an_error(
 
     after = metric_samples(omni_server.base_url)
     assert sample_delta(before, after, ERRORS, transport="websocket") == 0
+    assert (
+        sample_delta(
+            before, after, "vllm_omni:aborts_total", reason="client_disconnect"
+        )
+        == 1
+    )
     # The stages log the abort (INFO); nothing else mentions the request.
     mentions = [line for line in omni_server.log().splitlines() if session_id in line]
     assert mentions, "the stages never logged the abort"

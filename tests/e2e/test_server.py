@@ -499,3 +499,9 @@ def test_client_cut_stream_aborts_in_the_stages(omni_server: OmniServer) -> None
     assert "socket.send() raised exception" not in omni_server.log()
     after = metric_samples(omni_server.base_url)
     assert sample_delta(before, after, "vllm_omni:errors_total") == 0
+    assert (
+        sample_delta(
+            before, after, "vllm_omni:aborts_total", reason="client_disconnect"
+        )
+        == 1
+    )

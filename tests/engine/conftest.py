@@ -35,6 +35,12 @@ DRILL = {
         {"stage": 1, "marker": "@raise", "action": "raise"},
         {"stage": 1, "marker": "@hang", "action": "hang"},
         {"stage": "talker", "marker": "@talker-hang", "action": "hang"},
+        {
+            "stage": 1,
+            "marker": "@cancel",
+            "action": "raise",
+            "exception": "asyncio.exceptions:CancelledError",
+        },
     ],
 }
 

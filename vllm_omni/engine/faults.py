@@ -5,11 +5,12 @@ contains a fault's marker: ``raise`` (a ``RuntimeError``, or the named
 exception class with the configured arguments), ``exit`` (``os._exit(1)``,
 a crash that skips all cleanup) and ``hang`` (sleep far past any deadline,
 preemptibly). Exception classes are resolved only from the modules that own
-error types (builtins, ``vllm.exceptions``, ``vllm.v1.engine.exceptions``,
-``vllm_omni.errors``); this module never imports anything else by name.
-It runs inside the stage process, before the stage sees the request;
-``vllm_omni.config`` also builds each ``raise`` fault's exception once at load
-time, so a bad entry is rejected with its key path instead of failing as a 500.
+error types (builtins, ``asyncio.exceptions``, ``vllm.exceptions``,
+``vllm.v1.engine.exceptions``, ``vllm_omni.errors``); this module never
+imports anything else by name. It runs inside the stage process, before the
+stage sees the request; ``vllm_omni.config`` also builds each ``raise``
+fault's exception once at load time, so a bad entry is rejected with its key
+path instead of failing as a 500.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ __all__ = [
 HANG_SECONDS = 3600.0
 _EXCEPTION_MODULES = (
     "builtins",
+    "asyncio.exceptions",
     "vllm.exceptions",
     "vllm.v1.engine.exceptions",
     "vllm_omni.errors",

@@ -20,7 +20,13 @@ into results or exceptions:
   request in every stage; that is not an error;
 - until every stage is ready, any failure (a stage's startup record, a stage
   or the launcher exiting) is a ``StageStartupError`` naming the stage and the
-  cause (exception class and first line), never engine death.
+  cause (exception class and first line), never engine death;
+- admission control: at most ``max_num_queued_reqs`` requests are in flight;
+  one more is refused at once with upstream's ``QueueOverflowError`` (503).
+  Nothing waits in a queue it cannot leave, and the wire never drops: the
+  ROUTER is ``ROUTER_MANDATORY`` with no high-water mark (the admission limit
+  bounds what it holds), so a send either reaches the stage's pipe or fails
+  its request with a canonical error.
 
 Stages run as local processes unless a ``StageLauncher`` is given (the Ray
 backend, ``ray_backend.py``): it then starts the stages, over ``tcp://``,
@@ -35,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import itertools
 import logging
 import os
@@ -48,6 +55,7 @@ from typing import Any, Literal, Protocol
 
 import zmq
 import zmq.asyncio
+from vllm.exceptions import QueueOverflowError
 
 from vllm_omni.config import PipelineConfig, StageConfig
 from vllm_omni.engine import messages as m
@@ -65,9 +73,23 @@ from vllm_omni.errors import (
     to_exception,
 )
 from vllm_omni.errors.details import OmniErrorDetails
+from vllm_omni.errors.metrics import (
+    ABORTS_TOTAL,
+    ADMISSION_REJECTIONS_TOTAL,
+    ENGINE_DEAD,
+    REQUESTS_IN_FLIGHT,
+    AbortReason,
+    record_abort,
+)
 from vllm_omni.outputs import DiffusionOutput, OmniRequestOutput
 
-__all__ = ["MODALITIES", "Orchestrator", "StageLauncher", "StageStartupError"]
+__all__ = [
+    "DEFAULT_MAX_NUM_QUEUED_REQS",
+    "MODALITIES",
+    "Orchestrator",
+    "StageLauncher",
+    "StageStartupError",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +106,10 @@ _TEXT_KINDS = ("text", "vllm")
 _WATCH_INTERVAL_S = 0.1
 _HEARTBEAT_S = 1.0
 _PARAM_TYPES = (str, int, float, bool, bytes, type(None))
+# Requests in flight per engine before admission refuses (upstream's
+# ``--max-num-queued-reqs``); big enough for bursts, small enough that the
+# queued work drains well inside a typical stage deadline.
+DEFAULT_MAX_NUM_QUEUED_REQS = 1024
 
 
 class StageStartupError(OmniServiceUnavailableError):
@@ -223,6 +249,7 @@ class Orchestrator:
         heartbeat_timeout_s: float = 10.0,
         death_grace_s: float = 0.1,
         launcher: StageLauncher | None = None,
+        max_num_queued_reqs: int = DEFAULT_MAX_NUM_QUEUED_REQS,
     ) -> None:
         if launcher is not None:
             transport = "tcp"  # launched stages may be on other hosts
@@ -230,6 +257,16 @@ class Orchestrator:
             raise VLLMValidationError(
                 "transport must be 'ipc' or 'tcp'", parameter="transport"
             )
+        if (
+            isinstance(max_num_queued_reqs, bool)
+            or not isinstance(max_num_queued_reqs, int)
+            or max_num_queued_reqs < 1
+        ):
+            raise VLLMValidationError(
+                "max_num_queued_reqs must be a positive integer",
+                parameter="max_num_queued_reqs",
+            )
+        self.max_num_queued_reqs = max_num_queued_reqs
         self.pipeline = pipeline
         self._transport = transport
         self._host = host
@@ -286,6 +323,12 @@ class Orchestrator:
         self._context = zmq.asyncio.Context()
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
+        # A ROUTER silently drops what it cannot queue: with MANDATORY an
+        # unroutable send fails instead, and without a high-water mark a busy
+        # stage's pipe grows (bounded by admission) instead of dropping.
+        self._socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._socket.setsockopt(zmq.SNDHWM, 0)
+        self._socket.setsockopt(zmq.RCVHWM, 0)
         for stage in self.pipeline.stages:
             handle = _StageHandle(stage, loop)
             self._handles[stage.id] = handle
@@ -330,6 +373,7 @@ class Orchestrator:
             self.shutdown()
             raise
         self._started = True
+        ENGINE_DEAD.set(0)
 
     def _bind(self, socket: zmq.asyncio.Socket) -> str:
         if self._transport == "tcp":
@@ -378,7 +422,9 @@ class Orchestrator:
             lambda req: OmniServiceUnavailableError("The engine is shutting down.")
         )
         for task in self._tasks:
-            task.cancel()
+            # A dropped engine may be finalized after its loop closed.
+            with contextlib.suppress(RuntimeError):
+                task.cancel()
         for handle in self._handles.values():
             if handle.ready.done() and not handle.ready.cancelled():
                 handle.ready.exception()  # retrieved: a failed start already raised
@@ -402,13 +448,49 @@ class Orchestrator:
 
     # -- the wire --------------------------------------------------------------
 
-    def _post(self, handle: _StageHandle, message: m.Message) -> None:
-        """Send without waiting: a ROUTER never blocks, it drops."""
+    def _post(
+        self,
+        handle: _StageHandle,
+        message: m.Message,
+        request: _Request | None = None,
+    ) -> None:
+        """Send without waiting (no high-water mark: it never blocks). A send
+        that fails (the stage is not connected) fails ``request``, if given."""
         if self._socket is None or self._socket.closed:
+            if request is not None:
+                self._fail_send(request, handle)
             return
         sent = self._socket.send_multipart([handle.identity, m.encode(message)])
         if isinstance(sent, asyncio.Future):
-            sent.add_done_callback(_consume_send_error)
+            sent.add_done_callback(functools.partial(self._on_sent, handle, request))
+
+    def _on_sent(
+        self,
+        handle: _StageHandle,
+        request: _Request | None,
+        future: asyncio.Future[Any],
+    ) -> None:
+        if future.cancelled() or future.exception() is None:
+            return
+        logger.log(
+            logging.DEBUG if request is None else logging.WARNING,
+            "send to stage %d failed: %s",
+            handle.config.id,
+            future.exception(),
+        )
+        if request is not None:
+            self._fail_send(request, handle)
+
+    def _fail_send(self, request: _Request, handle: _StageHandle) -> None:
+        if request.closed:
+            return
+        self._close(
+            request,
+            OmniServiceUnavailableError(
+                f"Stage {handle.config.id} ({handle.config.name}) is not reachable."
+            ),
+        )
+        self._abort_everywhere(request, None)
 
     async def _receive(self) -> None:
         assert self._socket is not None
@@ -550,7 +632,16 @@ class Orchestrator:
         dead = OmniEngineDeadError(stage_id=stage_id, reason=reason)
         dead.details = normalize(dead)
         self._dead = dead
-        logger.error("engine dead: stage %d: %s", stage_id, reason)
+        ENGINE_DEAD.set(1)
+        # The one log line of this death; requests refused later log at INFO.
+        logger.critical(
+            "engine dead: stage %d (%s) failed fatally: %s",
+            stage_id,
+            self._handles[stage_id].config.name
+            if stage_id in self._handles
+            else "unknown",
+            reason,
+        )
         # Every in-flight request, the one that triggered a fatal record
         # included, gets the same error with the reason and its own id.
         self._close_requests(lambda request: self._dead_error_for(request.wire_id))
@@ -623,11 +714,21 @@ class Orchestrator:
             )
         if request_id in self._requests:
             raise OmniConflictError("A request with this id is already in flight.")
+        if len(self._requests) >= self.max_num_queued_reqs:
+            ADMISSION_REJECTIONS_TOTAL.labels("max_num_queued_reqs").inc()
+            logger.debug(
+                "request %s refused: %d requests in flight (max %d)",
+                request_id,
+                len(self._requests),
+                self.max_num_queued_reqs,
+            )
+            raise QueueOverflowError()
         safe = sanitize_request_id(request_id) == request_id
         wire_id = request_id if safe else f"omni-{uuid.uuid4().hex}"
         request = _Request(request_id, wire_id, asyncio.Queue())
         self._requests[request_id] = request
         self._by_wire[wire_id] = request
+        REQUESTS_IN_FLIGHT.inc()
         try:
             # aclosing: a consumer that goes away closes the whole chain now,
             # not when the garbage collector gets to it.
@@ -636,15 +737,19 @@ class Orchestrator:
             ) as outputs:
                 async for output in outputs:
                     yield output
-        except (asyncio.CancelledError, GeneratorExit):
+        except (asyncio.CancelledError, GeneratorExit, KeyboardInterrupt):
             if not request.closed:
-                self._abort_everywhere(request)
+                request.closed = True
+                # The transport's reason (client_disconnect) when it gave one.
+                record_abort("cancelled")
+                self._abort_everywhere(request, None)
             raise
         finally:
             request.closed = True
             self._cancel_timer(request)
             self._requests.pop(request_id, None)
             self._by_wire.pop(wire_id, None)
+            REQUESTS_IN_FLIGHT.dec()
 
     async def _run(
         self,
@@ -708,7 +813,7 @@ class Orchestrator:
             request.timer = loop.call_later(
                 stage.timeout_s, self._on_deadline, request, stage
             )
-        self._post(self._handles[stage.id], submit)
+        self._post(self._handles[stage.id], submit, request)
 
     def _on_deadline(self, request: _Request, stage: StageConfig) -> None:
         if request.closed or request.stage is not stage:
@@ -727,9 +832,9 @@ class Orchestrator:
                 stage_id=stage.id,
             ),
         )
-        self._abort_everywhere(request)
+        self._abort_everywhere(request, "timeout")
 
-    def abort(self, request_id: str) -> None:
+    def abort(self, request_id: str, *, reason: AbortReason = "abort") -> None:
         """Abort an in-flight request in every stage; its stream then ends with
         a final output whose ``finish_reason`` is ``"abort"``, as upstream's
         does. Unknown or finished ids are ignored."""
@@ -737,9 +842,13 @@ class Orchestrator:
         if request is None or request.closed:
             return
         self._close(request, _ABORTED)
-        self._abort_everywhere(request)
+        self._abort_everywhere(request, reason)
 
-    def _abort_everywhere(self, request: _Request) -> None:
+    def _abort_everywhere(self, request: _Request, reason: AbortReason | None) -> None:
+        """Tell every stage; ``reason`` is counted (None: counted by the caller,
+        or not an abort of the client's making)."""
+        if reason is not None:
+            ABORTS_TOTAL.labels(reason).inc()
         for handle in self._handles.values():
             self._post(handle, m.Abort(request_id=request.wire_id))
 
@@ -813,8 +922,3 @@ def _finish_stage(
             num_frames=meta.get("num_frames"),
             seed=meta.get("seed"),
         )
-
-
-def _consume_send_error(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        logger.debug("send failed: %s", future.exception())

@@ -7,7 +7,12 @@ one. What a stage raises is normalized *here*, with
 ``normalize(exc, request_id=..., stage_id=...)`` in strict mode, and leaves
 as an ``ErrorMessage`` for that request only; the real text goes to this
 process's log. A fatal error (the stage raised ``EngineDeadError``) is sent
-with ``fatal=True`` and the process exits.
+with ``fatal=True`` and the process exits. A ``CancelledError`` that stage
+code raises on its own (nobody cancelled the task) is a failure like any
+other: the request gets a 500 record instead of silence.
+
+The DEALER has no high-water mark either way: a send never drops (the
+orchestrator's admission limit bounds what can be queued), it queues.
 
 A worker never outlives its orchestrator: a local stage polls its parent
 (the launcher, which exits with the orchestrator) and the orchestrator's
@@ -149,6 +154,8 @@ class StageWorker:
         self._context = zmq.asyncio.Context()
         self._socket = self._context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.IDENTITY, stage_identity(self.stage_id))
+        self._socket.setsockopt(zmq.SNDHWM, 0)
+        self._socket.setsockopt(zmq.RCVHWM, 0)
         self._socket.connect(self.spec.address)
         stop = asyncio.Event()
         with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -314,25 +321,34 @@ class StageWorker:
                 m.Output(request_id=request_id, stage_id=self.stage_id, finished=True)
             )
             self._stats.completed += 1
-        except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # an abort, a deadline or shutdown: no record
+            await self._fail(request_id, exc)
+        except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as exc:  # every other failure becomes a record
-            self._stats.failed += 1
-            details = normalize(exc, request_id=request_id, stage_id=self.stage_id)
-            # The real text (and traceback) of a server error stays in this log.
-            logger.log(
-                logging.INFO if details.is_client else logging.WARNING,
-                "stage %d request %s failed (%s %d)",
-                self.stage_id,
-                request_id,
-                details.error_type,
-                details.status_code,
-                exc_info=None if details.is_client else exc,
-            )
-            reason = fatal_reason(exc) if details.fatal else None
-            await self._send(m.ErrorMessage.from_details(details, reason=reason))
-            if details.fatal:
-                self._die()
+            await self._fail(request_id, exc)
+
+    async def _fail(self, request_id: str, exc: BaseException) -> None:
+        """Send the request's error record; the real text stays in this log."""
+        self._stats.failed += 1
+        details = normalize(exc, request_id=request_id, stage_id=self.stage_id)
+        # The real text (and traceback) of a server error stays in this log.
+        logger.log(
+            logging.INFO if details.is_client else logging.WARNING,
+            "stage %d request %s failed (%s %d)",
+            self.stage_id,
+            request_id,
+            details.error_type,
+            details.status_code,
+            exc_info=None if details.is_client else exc,
+        )
+        reason = fatal_reason(exc) if details.fatal else None
+        await self._send(m.ErrorMessage.from_details(details, reason=reason))
+        if details.fatal:
+            self._die()
 
     def _die(self) -> None:
         logger.error("stage %d: fatal error, exiting", self.stage_id)

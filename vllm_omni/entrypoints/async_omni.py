@@ -10,7 +10,11 @@ contract on top:
   anything is sent; a consumer that goes away (``CancelledError`` /
   ``GeneratorExit``) aborts the request in every stage and is not an error;
 - ``errored``/``is_running``/``dead_error``/``check_health`` report a dead
-  engine the way upstream does, with ``OmniEngineDeadError(stage_id=…)``.
+  engine the way upstream does, with ``OmniEngineDeadError(stage_id=…)``;
+- admission: beyond ``max_num_queued_reqs`` requests in flight, ``generate``
+  raises upstream's ``QueueOverflowError`` (503, retryable) at once;
+- an engine dropped without ``shutdown()`` stops its stages when it is
+  garbage-collected (a finalizer posts the shutdown to the engine's loop).
 
 Usage (both forms start the stage processes; pick one)::
 
@@ -28,19 +32,27 @@ id) and survives ``pickle``, like a response would.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import uuid
+import weakref
 from collections.abc import AsyncGenerator, Iterable, Mapping
 from typing import Any, get_args
 
 from vllm_omni.config import PipelineConfig, WorkerBackend, load_pipeline
-from vllm_omni.engine.orchestrator import Orchestrator, StageLauncher, Transport
+from vllm_omni.engine.orchestrator import (
+    DEFAULT_MAX_NUM_QUEUED_REQS,
+    Orchestrator,
+    StageLauncher,
+    Transport,
+)
 from vllm_omni.errors import (
     OmniEngineDeadError,
     VLLMValidationError,
     raise_for_caller,
 )
+from vllm_omni.errors.metrics import AbortReason
 from vllm_omni.outputs import OmniRequestOutput
 
 __all__ = ["AsyncOmni"]
@@ -66,6 +78,8 @@ class AsyncOmni:
             and stopped with the engine).
         stage_init_timeout_s: how long a Ray stage may wait for placement
             and actor start (default: the pipeline's, 120 s).
+        max_num_queued_reqs: requests in flight before admission refuses
+            with ``QueueOverflowError`` (upstream's ``--max-num-queued-reqs``).
     """
 
     def __init__(
@@ -80,7 +94,9 @@ class AsyncOmni:
         worker_backend: WorkerBackend | None = None,
         ray_address: str | None = None,
         stage_init_timeout_s: float | None = None,
+        max_num_queued_reqs: int = DEFAULT_MAX_NUM_QUEUED_REQS,
     ) -> None:
+        self._finalizer: weakref.finalize | None = None
         try:
             self.config = load_pipeline(pipeline)
         except Exception as exc:
@@ -103,6 +119,7 @@ class AsyncOmni:
             startup_timeout_s=startup_timeout_s,
             heartbeat_timeout_s=heartbeat_timeout_s,
             launcher=launcher,
+            max_num_queued_reqs=max_num_queued_reqs,
         )
 
     @classmethod
@@ -124,6 +141,11 @@ class AsyncOmni:
         if a stage fails to start, and ``OmniServiceUnavailableError`` if the
         stages are not ready in time.
         """
+        # Registered before the stages start: a half-started engine that is
+        # dropped must not leave processes behind either.
+        self._finalizer = weakref.finalize(
+            self, _shutdown_soon, asyncio.get_running_loop(), self._orchestrator
+        )
         try:
             await self._orchestrator.start()
         except Exception as exc:
@@ -220,10 +242,15 @@ class AsyncOmni:
                 exc, request_id=request_id if isinstance(request_id, str) else None
             )
 
-    async def abort(self, request_id: str) -> None:
-        """Abort a request in every stage; its stream ends with
-        ``finish_reason="abort"``. Unknown ids are ignored."""
-        self._orchestrator.abort(request_id)
+    async def abort(
+        self, request_id: str | Iterable[str], *, reason: AbortReason = "abort"
+    ) -> None:
+        """Abort requests in every stage; their streams end with
+        ``finish_reason="abort"``. Unknown ids are ignored. ``reason`` labels
+        ``vllm_omni:aborts_total``."""
+        ids = (request_id,) if isinstance(request_id, str) else request_id
+        for one in ids:
+            self._orchestrator.abort(one, reason=reason)
 
     # -- health ----------------------------------------------------------------
 
@@ -272,6 +299,8 @@ class AsyncOmni:
         Call it from the engine's event-loop thread. In-flight requests fail
         with ``OmniServiceUnavailableError`` (503).
         """
+        if self._finalizer is not None:
+            self._finalizer.detach()
         self._orchestrator.shutdown()
 
 
@@ -296,3 +325,13 @@ def parse_modalities(modalities: object) -> tuple[str, ...]:
         "modalities must be a modality name or a list of them",
         parameter="modalities",
     )
+
+
+def _shutdown_soon(loop: asyncio.AbstractEventLoop, orchestrator: Orchestrator) -> None:
+    """Finalizer of a dropped engine: shut it down on its own loop (the garbage
+    collector may run in any thread); the loop is gone, shut it down here."""
+    if loop.is_closed():
+        orchestrator.shutdown()
+        return
+    with contextlib.suppress(RuntimeError):  # closed between check and call
+        loop.call_soon_threadsafe(orchestrator.shutdown)

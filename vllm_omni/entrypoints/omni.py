@@ -10,6 +10,13 @@ from its record); every one carries ``.details`` with its request id and
 survives ``pickle``. With ``raise_on_error=False`` a failed prompt instead
 returns an output whose ``details`` is the error record.
 
+A call never leaves work behind: ``generate(timeout=…)`` raises
+``OmniStageTimeoutError`` (504) when the prompts are not done in time, and on
+that, on ``KeyboardInterrupt`` (Ctrl-C) or on any other exception while it
+waits, every request of the call is aborted in every stage before the
+exception propagates. An ``Omni`` dropped without ``close()`` is stopped by a
+finalizer (stages and loop thread gone within about two seconds).
+
 Usage (a plain top-level script, ``python - < script.py`` or a notebook:
 stage processes never re-run the caller's main module)::
 
@@ -25,9 +32,13 @@ This module must not classify errors or render them.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
+import logging
 import os
 import threading
 import uuid
+import weakref
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
@@ -35,15 +46,23 @@ from vllm_omni.config import PipelineConfig
 from vllm_omni.entrypoints.async_omni import AsyncOmni, parse_modalities
 from vllm_omni.errors import (
     OmniServiceUnavailableError,
+    OmniStageTimeoutError,
     VLLMValidationError,
     normalize,
     raise_for_caller,
 )
+from vllm_omni.errors.metrics import AbortReason
 from vllm_omni.outputs import DiffusionOutput, OmniRequestOutput
 
 __all__ = ["Omni"]
 
 _T = TypeVar("_T")
+
+logger = logging.getLogger(__name__)
+
+# How long a failed or interrupted call waits for its aborts to be posted.
+_ABORT_WAIT_S = 2.0
+_SHUTDOWN_WAIT_S = 10.0
 
 
 class Omni:
@@ -63,25 +82,29 @@ class Omni:
         )
         self._thread.start()
         self._closed = False
+        # Does not reference self: it runs when this object is collected.
+        engine_ref = _EngineRef()
+        self._finalizer = weakref.finalize(
+            self, _stop, self._loop, self._thread, engine_ref
+        )
         try:
             self.engine: AsyncOmni = self._call(
                 AsyncOmni.create(pipeline, **engine_kwargs)
             )
         except Exception as exc:
-            self._stop_loop()
+            self._finalizer()
             raise_for_caller(exc)
         except BaseException:
-            self._stop_loop()
+            self._finalizer()
             raise
+        engine_ref.engine = self.engine
 
-    def _call(self, coro: Coroutine[Any, Any, _T]) -> _T:
+    def _call(self, coro: Coroutine[Any, Any, _T], timeout: float | None = None) -> _T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def _check_open(self) -> None:
         if self._closed:
-            coro.close()  # never scheduled: no "never awaited" warning
             raise_for_caller(OmniServiceUnavailableError("The engine is closed."))
-        return self._run_on_loop(coro)
-
-    def _run_on_loop(self, coro: Coroutine[Any, Any, _T]) -> _T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     @overload
     def generate(  # type: ignore[overload-overlap]  # a str is a Sequence[str]
@@ -91,6 +114,7 @@ class Omni:
         modalities: Iterable[str] | str = ...,
         params: Mapping[str, Any] | None = ...,
         raise_on_error: bool = ...,
+        timeout: float | None = ...,
     ) -> OmniRequestOutput: ...
 
     @overload
@@ -101,6 +125,7 @@ class Omni:
         modalities: Iterable[str] | str = ...,
         params: Mapping[str, Any] | None = ...,
         raise_on_error: bool = ...,
+        timeout: float | None = ...,
     ) -> list[OmniRequestOutput]: ...
 
     def generate(
@@ -110,6 +135,7 @@ class Omni:
         modalities: Iterable[str] | str = ("text",),
         params: Mapping[str, Any] | None = None,
         raise_on_error: bool = True,
+        timeout: float | None = None,
     ) -> OmniRequestOutput | list[OmniRequestOutput]:
         """Run prompts to completion; the final output of each (list in, list out).
 
@@ -118,25 +144,61 @@ class Omni:
         output with ``details`` set and ``finished=True``. Prompts that are
         not a string or a list of strings raise ``VLLMValidationError``
         (``prompts`` / ``prompts[i]``) before anything runs; a call after
-        ``close`` raises ``OmniServiceUnavailableError``.
+        ``close`` raises ``OmniServiceUnavailableError``. ``timeout`` (seconds,
+        for the whole call) raises ``OmniStageTimeoutError`` (504). Whatever
+        ends the wait early (timeout, Ctrl-C, any exception) aborts every
+        request of the call in every stage first.
         """
+        self._check_open()
         single = isinstance(prompts, str)
         try:
             batch = [prompts] if single else _prompt_list(prompts)
             wanted = parse_modalities(modalities)
         except VLLMValidationError as exc:
             raise_for_caller(exc)
-        outputs = self._call(self._run_all(batch, wanted, params, raise_on_error))
+        request_ids = [f"omni-{uuid.uuid4().hex}" for _ in batch]
+        future = asyncio.run_coroutine_threadsafe(
+            self._run_all(batch, request_ids, wanted, params, raise_on_error),
+            self._loop,
+        )
+        try:
+            outputs = future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            self._abort(future, request_ids, "abort")
+            raise_for_caller(
+                OmniStageTimeoutError(
+                    f"The request did not finish within {timeout:g} s."
+                )
+            )
+        except BaseException:
+            # Ctrl-C lands here while this thread waits; the work is on the
+            # loop thread and would run on in every stage without the abort.
+            self._abort(future, request_ids, "cancelled")
+            raise
         return outputs[0] if single else outputs
+
+    def _abort(
+        self,
+        future: concurrent.futures.Future[Any],
+        request_ids: list[str],
+        reason: AbortReason,
+    ) -> None:
+        if future.done():
+            return
+        try:
+            self._call(self.engine.abort(request_ids, reason=reason), _ABORT_WAIT_S)
+        except BaseException:  # a second Ctrl-C: still cancel, then give up
+            logger.warning("could not abort %d request(s) in time", len(request_ids))
+        future.cancel()
 
     async def _run_all(
         self,
         prompts: list[Any],
+        request_ids: list[str],
         modalities: tuple[str, ...],
         params: Mapping[str, Any] | None,
         raise_on_error: bool,
     ) -> list[OmniRequestOutput]:
-        request_ids = [f"omni-{uuid.uuid4().hex}" for _ in prompts]
         results = await asyncio.gather(
             *(
                 self._run_one(prompt, request_id, modalities, params)
@@ -174,16 +236,7 @@ class Omni:
         if self._closed:
             return
         self._closed = True
-        try:
-            self._run_on_loop(_shutdown(self.engine))
-        finally:
-            self._stop_loop()
-
-    def _stop_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10.0)
-        if not self._thread.is_alive():
-            self._loop.close()
+        self._finalizer()
 
     def __enter__(self) -> Omni:
         return self
@@ -209,8 +262,30 @@ def _prompt_list(prompts: object) -> list[str]:
     return batch
 
 
+class _EngineRef:
+    """The finalizer's handle on the engine, filled in once it started."""
+
+    engine: AsyncOmni | None = None
+
+
 async def _shutdown(engine: AsyncOmni) -> None:
     engine.shutdown()
+
+
+def _stop(
+    loop: asyncio.AbstractEventLoop, thread: threading.Thread, ref: _EngineRef
+) -> None:
+    """Shut the engine down on its loop, then stop the loop and its thread
+    (``close()`` and the finalizer of a dropped ``Omni``)."""
+    if ref.engine is not None and thread.is_alive():
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(_shutdown(ref.engine), loop).result(
+                _SHUTDOWN_WAIT_S
+            )
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout=_SHUTDOWN_WAIT_S)
+    if not thread.is_alive():
+        loop.close()
 
 
 def _failed_output(

@@ -20,16 +20,32 @@ the status the client really got. Framework errors are raised inside
 ``ExceptionMiddleware`` and rendered by handlers registered there, also inside.
 
 The boundary owns: request ids (the client's ``X-Request-Id`` names every
-error response), logging (5xx with traceback, 4xx at INFO), legacy-fallback
-accounting, stage-aware termination on engine death, and the request body
-limit (413 while the body is read, before anything parses it). The framework
-handlers put ``Allow`` on every 405, and the router's default answers an
-unmatched WebSocket handshake with the same canonical 404 as HTTP instead of
-Starlette's bare 403. It renders only through ``vllm_omni.errors.render``.
+error response), logging (5xx with traceback, 4xx at INFO; overload
+refusals, refusals by a dead engine and replayed job errors at INFO without
+traceback), legacy-fallback accounting, stage-aware termination on engine
+death, the request body limit (413 while the body is read, before anything
+parses it) and client disconnects. The framework handlers put ``Allow`` on
+every 405, and the router's default answers an unmatched WebSocket handshake
+with the same canonical 404 as HTTP instead of Starlette's bare 403. It
+renders only through ``vllm_omni.errors.render``.
+
+Disconnects (DESIGN §9): the boundary owns ``receive``. A watcher task reads
+the client's messages one ahead of the route (so body limits still stop
+reading), and when the client goes away *before the response started* it
+cancels the route at once: the engine stream closes and the request is
+aborted in every stage, whatever the route was awaiting (a non-streaming
+result, the first chunk of a stream, an upload's body). That is logged once
+at INFO, counted in ``vllm_omni:aborts_total{reason="client_disconnect"}``,
+and answered with status 499 (nginx's "client closed request"), which no
+client receives but which keeps ``http_requests_total`` truthful: not a 5xx,
+and no entry in ``errors_total``. Mid-stream disconnects are marked with the
+same reason and left to the stream, which ends as before.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -41,14 +57,20 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware import Middleware
-from starlette.requests import HTTPConnection
+from starlette.requests import ClientDisconnect, HTTPConnection
 from starlette.responses import Response
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from vllm.entrypoints.launchers.launcher import terminate_if_errored
+from vllm.exceptions import QueueOverflowError
 
 from vllm_omni.errors.details import DEFAULT_TYPE, STATUS_RANGES, OmniErrorDetails
-from vllm_omni.errors.metrics import RAW_FALLBACKS_TOTAL
+from vllm_omni.errors.metrics import (
+    RAW_FALLBACKS_TOTAL,
+    AbortContext,
+    record_abort,
+    set_abort_context,
+)
 from vllm_omni.errors.normalizer import Mode, is_legacy_fallback, normalize
 from vllm_omni.errors.render import (
     http_error_response,
@@ -68,6 +90,7 @@ __all__ = [
     "ErrorBoundary",
     "details_for_exception",
     "install_error_handling",
+    "replayed",
     "request_id_of",
     "stream_error_details",
 ]
@@ -77,6 +100,10 @@ logger = logging.getLogger("vllm_omni.errors")
 _MODES: tuple[Mode, ...] = ("strict", "legacy")
 _MAX_VALIDATION_ITEMS = 5
 _MAX_FALLBACK_SITES = 4096
+# Recorded by the instrumentator for a request whose client went away before
+# the response started; never reaches anyone (nginx's "client closed request").
+CLIENT_CLOSED_REQUEST = 499
+_REPLAYED = "_vllm_omni_replayed"
 # ASGI messages after which the response (or handshake) can no longer change.
 _START_MESSAGES = frozenset(
     {
@@ -170,8 +197,35 @@ class _FallbackLog:
 _FALLBACKS = _FallbackLog()
 
 
+def replayed(exc: BaseException) -> BaseException:
+    """Mark an exception rebuilt from a stored record (a failed job read back):
+    it was logged when it happened, so reading it back logs at INFO."""
+    setattr(exc, _REPLAYED, True)
+    return exc
+
+
+def _quiet_reason(exc: BaseException | None) -> str | None:
+    """Why a server error is expected and logged at INFO without traceback."""
+    if isinstance(exc, QueueOverflowError):
+        return "overload"
+    if isinstance(exc, EngineDeadError):
+        return "engine dead"  # the death itself was logged once, CRITICAL
+    if exc is not None and getattr(exc, _REPLAYED, False):
+        return "stored job error"
+    return None
+
+
 def _log(exc: BaseException | None, details: OmniErrorDetails) -> None:
-    if details.category == "server":
+    quiet = _quiet_reason(exc) if details.category == "server" else None
+    if quiet is not None:
+        logger.info(
+            "request %s refused with %d %s (%s)",
+            details.request_id,
+            details.status_code,
+            details.error_type,
+            quiet,
+        )
+    elif details.category == "server":
         logger.error(
             "request %s failed with %d %s: %s",
             details.request_id,
@@ -204,15 +258,23 @@ def _terminate_if_errored(
         return
     if server is not None:
         terminate_if_errored(server=server, engine=engine)
-    if isinstance(exc, EngineDeadError) or details.fatal:
-        logger.critical(
-            "engine dead: stage %s failed fatally (request %s); %s",
-            details.stage_id if details.stage_id is not None else "unknown",
-            details.request_id,
-            "shutting the API server down"
-            if getattr(server, "should_exit", False)
-            else "keeping the API server alive",
-        )
+    if not (isinstance(exc, EngineDeadError) or details.fatal):
+        return
+    # Once per death: the engine keeps one dead error per death (an engine
+    # client without one dies once). The orchestrator logged it CRITICAL.
+    death = getattr(engine, "dead_error", None) if engine.errored else None
+    key = death if death is not None else engine
+    if getattr(state, "reported_death", None) is key:
+        return
+    state.reported_death = key
+    logger.warning(
+        "engine dead: stage %s failed fatally (first seen by request %s); %s",
+        details.stage_id if details.stage_id is not None else "unknown",
+        details.request_id,
+        "shutting the API server down"
+        if getattr(server, "should_exit", False)
+        else "keeping the API server alive",
+    )
 
 
 def details_for_exception(
@@ -304,8 +366,44 @@ class ErrorBoundary:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        if scope["type"] == "http" and self.max_request_bytes is not None:
-            receive = limit_body(scope, receive, self.max_request_bytes)
+        # Per request (uvicorn runs each in its own task): the engine reads
+        # the reason when it aborts.
+        context = AbortContext()
+        set_abort_context(context)
+        if scope["type"] == "websocket":
+            await self._call(
+                scope,
+                _websocket_receive(receive, context),
+                _websocket_send(send, context),
+            )
+            return
+        watch = _DisconnectWatch(receive, context)
+        route_receive = watch.receive
+        if self.max_request_bytes is not None:
+            route_receive = limit_body(scope, route_receive, self.max_request_bytes)
+        route = asyncio.ensure_future(
+            self._call(scope, route_receive, watch.send(send))
+        )
+        watch.start(route)
+        try:
+            await route
+        except asyncio.CancelledError:
+            if not watch.cancelled_route:
+                raise  # the server is stopping, not the client
+        finally:
+            await watch.stop()
+        if watch.disconnected and not watch.started:
+            watch.closed_before_start(scope)
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": CLIENT_CLOSED_REQUEST,
+                    "headers": [],
+                }
+            )
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _call(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = False
 
         async def send_tracked(message: Message) -> None:
@@ -318,6 +416,10 @@ class ErrorBoundary:
 
         try:
             await self.app(scope, receive, send_tracked)
+        except ClientDisconnect:
+            # The body could not be read to its end: the client went away
+            # (the caller accounts for it). Not an error: nothing to render.
+            return
         except Exception as exc:
             details = _for_this_request(
                 details_for_exception(
@@ -339,6 +441,104 @@ class ErrorBoundary:
                 await http_error_response(details)(scope, receive, send)
             else:
                 await deny_websocket(scope, send, details)
+
+
+class _DisconnectWatch:
+    """Owns an HTTP request's ``receive``: notices the client going away."""
+
+    def __init__(self, receive: Receive, context: AbortContext) -> None:
+        self._receive = receive
+        self._context = context
+        # One message of read-ahead: body limits downstream still apply.
+        self._inbox: asyncio.Queue[Message] = asyncio.Queue(maxsize=1)
+        self._task: asyncio.Task[None] | None = None
+        self._route: asyncio.Future[None] | None = None
+        self.started = False
+        self.completed = False
+        self.disconnected = False
+        self.cancelled_route = False
+
+    def start(self, route: asyncio.Future[None]) -> None:
+        self._route = route
+        self._task = asyncio.create_task(self._watch())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def receive(self) -> Message:
+        if self.disconnected and self._inbox.empty():
+            return {"type": "http.disconnect"}
+        return await self._inbox.get()
+
+    def send(self, send: Send) -> Send:
+        async def tracked(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.started = True
+            elif message["type"] == "http.response.body" and not message.get(
+                "more_body", False
+            ):
+                self.completed = True
+            await send(message)
+
+        return tracked
+
+    async def _watch(self) -> None:
+        while True:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                # After the response completed this is just the end of it.
+                if not self.completed:
+                    self._on_disconnect()
+                self.disconnected = True
+                await self._inbox.put(message)
+                return
+            await self._inbox.put(message)
+
+    def _on_disconnect(self) -> None:
+        self._context.reason = "client_disconnect"
+        if not self.started and self._route is not None and not self._route.done():
+            # Cancel before the route can see the disconnect message, so it
+            # cannot answer with an error nobody receives.
+            self.cancelled_route = True
+            self._route.cancel()
+
+    def closed_before_start(self, scope: Scope) -> None:
+        """Account for a request whose client left before any response."""
+        record_abort("client_disconnect")  # once, even if the engine counted it
+        logger.info(
+            "request %s: client disconnected before the response started; aborted",
+            scope_request_id(scope),
+        )
+
+
+def _websocket_receive(receive: Receive, context: AbortContext) -> Receive:
+    """``receive`` that marks the session's aborts as client disconnects once
+    the client closed its side."""
+
+    async def marking() -> Message:
+        message = await receive()
+        if message["type"] == "websocket.disconnect":
+            context.reason = "client_disconnect"
+        return message
+
+    return marking
+
+
+def _websocket_send(send: Send, context: AbortContext) -> Send:
+    """``send`` that marks the session's aborts as client disconnects when the
+    client is gone before it said so (a send to a closed socket fails)."""
+
+    async def marking(message: Message) -> None:
+        try:
+            await send(message)
+        except Exception:
+            context.reason = "client_disconnect"
+            raise
+
+    return marking
 
 
 async def deny_websocket(scope: Scope, send: Send, details: OmniErrorDetails) -> None:

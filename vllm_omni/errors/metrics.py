@@ -1,21 +1,45 @@
-"""Error metrics (DESIGN §7), on the default registry the instrumentator uses.
+"""Error and outcome metrics (DESIGN §7, §9), on the default registry the
+instrumentator uses.
 
-Owns two counters and nothing else. Labels are bounded by construction: the
-transport is one of a fixed set, category and code come from a validated
-record, the type is the record's short identifier (from the status table or a
-class), and the fallback label is an exception class name from a fixed table.
-No message, id or path ever becomes a label.
+Owns the counters an on-call alerts on: rendered errors, legacy fallbacks,
+aborts by reason, admission rejections, plus two gauges (requests in flight,
+engine dead). Labels are bounded by construction: the transport is one of a
+fixed set, category and code come from a validated record, the type is the
+record's short identifier (from the status table or a class), the fallback
+label is an exception class name from a fixed table, and abort and admission
+reasons are literals. No message, id or path ever becomes a label.
+
+It also owns the abort context: a transport that knows *why* a request is
+being cancelled (the HTTP boundary saw the client go away) says so here, and
+the engine, which does the abort, counts it with that reason. ``errors/`` is
+the ground layer, so both can import it.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import contextvars
+import dataclasses
+from typing import Literal, get_args
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 from vllm_omni.errors.details import OmniErrorDetails
 
-__all__ = ["ERRORS_TOTAL", "RAW_FALLBACKS_TOTAL", "Transport", "record_error"]
+__all__ = [
+    "ABORTS_TOTAL",
+    "ADMISSION_REJECTIONS_TOTAL",
+    "ENGINE_DEAD",
+    "ERRORS_TOTAL",
+    "RAW_FALLBACKS_TOTAL",
+    "REQUESTS_IN_FLIGHT",
+    "AbortContext",
+    "AbortReason",
+    "Transport",
+    "abort_context",
+    "record_abort",
+    "record_error",
+    "set_abort_context",
+]
 
 Transport = Literal["http", "sse", "websocket", "job", "offline"]
 
@@ -35,3 +59,68 @@ def record_error(transport: Transport, details: OmniErrorDetails) -> None:
     ERRORS_TOTAL.labels(
         transport, details.category, details.error_type, str(details.status_code)
     ).inc()
+
+
+# Why a request was aborted in every stage: the client went away (any
+# transport), its consumer was cancelled or closed (offline callers, Ctrl-C),
+# someone called ``abort()``, or a stage missed its deadline.
+AbortReason = Literal["client_disconnect", "cancelled", "abort", "timeout"]
+
+ABORTS_TOTAL = Counter(
+    "vllm_omni:aborts",
+    "Requests aborted in every stage, by reason; client disconnects are not errors.",
+    ["reason"],
+)
+ADMISSION_REJECTIONS_TOTAL = Counter(
+    "vllm_omni:admission_rejections",
+    "Requests refused at admission with QueueOverflowError (503), by limit.",
+    ["reason"],
+)
+REQUESTS_IN_FLIGHT = Gauge(
+    "vllm_omni:requests_in_flight",
+    "Requests admitted by the engine and not yet finished.",
+)
+ENGINE_DEAD = Gauge(
+    "vllm_omni:engine_dead",
+    "1 once a stage died or failed fatally, until a new engine starts; else 0.",
+)
+# Every series exists from the start, so rate() and absent() work at once.
+for _reason in get_args(AbortReason):
+    ABORTS_TOTAL.labels(_reason)
+ADMISSION_REJECTIONS_TOTAL.labels("max_num_queued_reqs")
+
+
+@dataclasses.dataclass(slots=True)
+class AbortContext:
+    """What a transport knows about the cancellation of its current request."""
+
+    reason: AbortReason | None = None
+    # Set once the abort was counted, so one request counts once.
+    counted: bool = False
+
+
+_ABORT_CONTEXT: contextvars.ContextVar[AbortContext | None] = contextvars.ContextVar(
+    "vllm_omni_abort_context", default=None
+)
+
+
+def abort_context() -> AbortContext | None:
+    """The current request's abort context, if a transport set one."""
+    return _ABORT_CONTEXT.get()
+
+
+def set_abort_context(context: AbortContext) -> None:
+    """Attach ``context`` to the current task (and tasks it starts later)."""
+    _ABORT_CONTEXT.set(context)
+
+
+def record_abort(default: AbortReason) -> None:
+    """Count one abort: with the transport's reason when it gave one."""
+    context = _ABORT_CONTEXT.get()
+    if context is None:
+        ABORTS_TOTAL.labels(default).inc()
+        return
+    if context.counted:
+        return
+    context.counted = True
+    ABORTS_TOTAL.labels(context.reason or default).inc()

@@ -19,6 +19,8 @@ from vllm_omni.errors.metrics import Transport, record_error
 
 __all__ = [
     "REQUEST_ID_HEADER",
+    "RETRY_AFTER_HEADER",
+    "RETRY_AFTER_S",
     "error_body",
     "error_object",
     "http_error_response",
@@ -30,6 +32,11 @@ __all__ = [
 ]
 
 REQUEST_ID_HEADER = "X-Request-Id"
+# A 503 (overload, shutting down, a stage pool drained) is retryable: tell
+# clients and load balancers when (RFC 9110 §10.2.3), as upstream's
+# QueueOverflowError asks them to retry.
+RETRY_AFTER_HEADER = "Retry-After"
+RETRY_AFTER_S = 1
 
 # WebSocket close codes (RFC 6455 §7.4.1): policy violation for client
 # errors, internal error for server errors, try again later for 503.
@@ -78,6 +85,8 @@ def http_error_response(
         headers[REQUEST_ID_HEADER] = details.request_id
     if allow is not None:
         headers["Allow"] = allow
+    if details.status_code == 503:
+        headers[RETRY_AFTER_HEADER] = str(RETRY_AFTER_S)
     return Response(
         _json(error_body(details)),
         status_code=details.status_code,
@@ -131,6 +140,8 @@ def websocket_denial(
     headers = [(b"content-type", b"application/json")]
     if details.request_id:
         headers.append((b"x-request-id", details.request_id.encode()))
+    if details.status_code == 503:
+        headers.append((b"retry-after", str(RETRY_AFTER_S).encode()))
     return [
         {
             "type": "websocket.http.response.start",

@@ -10,6 +10,7 @@ loop for long.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import wave
 from collections.abc import AsyncIterator
@@ -73,8 +74,10 @@ class VocoderStage(Stage):
             raise RuntimeError("vocoder received no codes from the talker")
         base = VOICES.get(str(inputs.meta.get("voice")), VOICES[DEFAULT_VOICE])
         speed = float(inputs.meta.get("speed", 1.0))
+        # Synthesis is CPU-bound: a worker thread keeps the loop responsive.
+        audio = await asyncio.to_thread(synthesize, inputs.tokens, base, speed)
         yield Payload(
-            audio=synthesize(inputs.tokens, base, speed),
+            audio=audio,
             meta={"sample_rate": SAMPLE_RATE, "format": "wav"},
         )
 

@@ -51,6 +51,13 @@ def _default_job_store() -> str:
     return str(Path(cache) / "vllm-omni" / "jobs.sqlite3")
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be a positive integer")
+    return value
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=_PROG,
@@ -74,6 +81,14 @@ def make_parser() -> argparse.ArgumentParser:
         default="strict",
         help="legacy: raw ValueError/TypeError/OverflowError → 400 and "
         "NotImplementedError → 501 while call sites migrate (counted, logged)",
+    )
+    parser.add_argument(
+        "--max-num-queued-reqs",
+        type=_positive_int,
+        default=None,
+        help="requests in flight before new ones are refused with 503 "
+        "QueueOverflowError and a Retry-After header (admission control; "
+        "default: the engine's, 1024)",
     )
     parser.add_argument(
         "--job-store",
@@ -162,6 +177,7 @@ async def _serve(args: argparse.Namespace) -> int:
             pipeline=args.pipeline,
             worker_backend=args.worker_backend,
             ray_address=args.ray_address,
+            max_num_queued_reqs=args.max_num_queued_reqs,
         )
     )
     try:

@@ -132,10 +132,14 @@ async def run_server(args: argparse.Namespace, engine: AsyncOmni | None = None) 
     Returns the process exit code: 1 when the engine died, else 0.
     """
     if engine is None:
+        limits: dict[str, int] = {}
+        if getattr(args, "max_num_queued_reqs", None) is not None:
+            limits["max_num_queued_reqs"] = args.max_num_queued_reqs
         engine = await AsyncOmni.create(
             pipeline=args.pipeline,
             worker_backend=args.worker_backend,
             ray_address=args.ray_address,
+            **limits,
         )
     try:
         app = build_app(args)
@@ -192,5 +196,11 @@ async def _watch_engine(server: uvicorn.Server, engine: AsyncOmni) -> None:
     """
     while not engine.errored:
         await asyncio.sleep(0.2)
-    logger.critical("engine dead: %s", engine.dead_error)
+    # The orchestrator logged the death (CRITICAL, once); this is the decision.
     terminate_if_errored(server=server, engine=engine)
+    logger.warning(
+        "engine dead: %s",
+        "shutting the API server down"
+        if server.should_exit
+        else "keeping the API server alive (VLLM_KEEP_ALIVE_ON_ENGINE_DEATH)",
+    )

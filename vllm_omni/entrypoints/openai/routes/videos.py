@@ -50,6 +50,7 @@ from vllm_omni.errors import (
     VLLMValidationError,
     to_exception,
 )
+from vllm_omni.errors.fastapi import replayed
 
 __all__ = ["init_state", "router", "shutdown_state"]
 
@@ -272,8 +273,9 @@ async def download_video(video_id: str, request: Request) -> Response:
         )
     job = await _job(request, video_id)
     if job.status == "failed":
-        # The stored status and body, exactly as the job recorded them.
-        raise to_exception(job.stored_error())
+        # The stored status and body, exactly as the job recorded them; it was
+        # logged when the job failed, so reading it back logs at INFO.
+        raise replayed(to_exception(job.stored_error()))
     if job.status != "completed":
         raise OmniConflictError(
             f"The video job is {job.status.replace('_', ' ')}; it has no content."

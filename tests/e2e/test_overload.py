@@ -1,0 +1,216 @@
+"""Overload on every transport (§9): beyond ``--max-num-queued-reqs`` a
+request is refused at once with upstream's ``QueueOverflowError`` — 503,
+``Retry-After``, counted in ``admission_rejections_total`` — over HTTP, SSE
+before the first chunk, a WebSocket event, and a job record; refusals are
+logged at INFO, never as tracebacks."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import openai
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from tests.e2e.omni_server import (
+    REFERENCE_STAGES,
+    OmniServer,
+    start_server,
+    write_pipeline,
+)
+from tests.e2e.servers import metric_samples, sample_delta
+
+pytestmark = pytest.mark.timeout(240)
+
+API_KEY = "overload-key-0123456789"
+LIMIT = 2
+BUSY = (
+    "The engine is currently busy and cannot accept new requests. "
+    "Please try again later or on a different instance."
+)
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OmniServer]:
+    directory = tmp_path_factory.mktemp("overload")
+    # A long text deadline: the requests that fill the engine must hold.
+    stages = [
+        {**s, "timeout_s": 120} if s["kind"] == "text" else s for s in REFERENCE_STAGES
+    ]
+    started = start_server(
+        directory,
+        write_pipeline(directory, stages=stages),
+        api_key=API_KEY,
+        extra_args=("--max-num-queued-reqs", str(LIMIT)),
+    )
+    try:
+        started.wait_ready()
+        yield started
+    finally:
+        started.stop()
+
+
+def _hold(server: OmniServer, index: int) -> socket.socket:
+    """A chat that hangs in the text stage, on a socket we close later."""
+    url = urlsplit(server.base_url)
+    body = json.dumps({"messages": [{"role": "user", "content": "hold @hang"}]})
+    sock = socket.create_connection((url.hostname, url.port))
+    sock.sendall(
+        (
+            f"POST {CHAT} HTTP/1.1\r\nHost: {url.netloc}\r\n"
+            f"Authorization: Bearer {API_KEY}\r\nX-Request-Id: hold-{index}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            f"{body}"
+        ).encode()
+    )
+    return sock
+
+
+def _in_flight(server: OmniServer) -> float:
+    return metric_samples(server.base_url)[("vllm_omni:requests_in_flight", ())]
+
+
+def _wait_in_flight(server: OmniServer, expected: float) -> None:
+    deadline = time.monotonic() + 10
+    while _in_flight(server) != expected:
+        assert time.monotonic() < deadline, _in_flight(server)
+        time.sleep(0.05)
+
+
+def _assert_busy(error: dict[str, Any]) -> None:
+    assert {k: error[k] for k in ("message", "type", "param", "code")} == {
+        "message": BUSY,
+        "type": "Service Unavailable",
+        "param": None,
+        "code": 503,
+    }
+
+
+def test_refused_on_every_transport_then_served(server: OmniServer) -> None:
+    holders = [_hold(server, i) for i in range(LIMIT)]
+    try:
+        _wait_in_flight(server, LIMIT)
+        before = metric_samples(server.base_url)
+        offset = len(server.log())
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+
+        # HTTP, through the OpenAI SDK: 503 is retryable, with Retry-After.
+        client = openai.OpenAI(
+            base_url=server.base_url + "/v1", api_key=API_KEY, max_retries=0
+        )
+        started = time.monotonic()
+        with pytest.raises(openai.InternalServerError) as info:
+            client.chat.completions.create(
+                model="omni-reference", messages=[{"role": "user", "content": "hi"}]
+            )
+        refused_in = time.monotonic() - started
+        assert info.value.status_code == 503
+        assert info.value.response.headers["Retry-After"] == "1"
+        assert isinstance(info.value.body, dict)
+        _assert_busy(info.value.body)
+
+        # SSE before the first chunk: an ordinary 503.
+        stream = httpx.post(
+            server.base_url + CHAT,
+            json={"messages": [{"role": "user", "content": "hi"}], "stream": True},
+            headers=headers,
+            timeout=10,
+        )
+        assert stream.status_code == 503
+        assert stream.headers["Retry-After"] == "1"
+        assert stream.headers["content-type"] == "application/json"
+        _assert_busy(stream.json()["error"])
+
+        # WebSocket: one error event, then 1013 (try again later).
+        ws_url = server.base_url.replace("http://", "ws://") + "/v1/realtime"
+        with connect(ws_url, additional_headers=headers) as ws:
+            assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
+            ws.send(
+                json.dumps(
+                    {
+                        "type": "response.create",
+                        "event_id": "e1",
+                        "response": {"instructions": "hi"},
+                    }
+                )
+            )
+            assert json.loads(ws.recv(timeout=10))["type"] == "response.created"
+            event = json.loads(ws.recv(timeout=10))
+            assert event["type"] == "error" and event["event_id"] == "e1"
+            _assert_busy(event["error"])
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=10)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
+
+        # A job: accepted, then failed with the stored 503.
+        job = httpx.post(
+            server.base_url + "/v1/videos",
+            json={"prompt": "a fox"},
+            headers=headers,
+            timeout=10,
+        ).json()
+        deadline = time.monotonic() + 10
+        while job["status"] in ("queued", "in_progress"):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+            job = httpx.get(
+                server.base_url + f"/v1/videos/{job['id']}", headers=headers
+            ).json()
+        assert job["status"] == "failed"
+        _assert_busy(job["error"])
+        content = httpx.get(
+            server.base_url + f"/v1/videos/{job['id']}/content", headers=headers
+        )
+        assert content.status_code == 503
+        _assert_busy(content.json()["error"])
+
+        after = metric_samples(server.base_url)
+        assert (
+            sample_delta(
+                before,
+                after,
+                "vllm_omni:admission_rejections_total",
+                reason="max_num_queued_reqs",
+            )
+            == 4
+        )
+        by_transport = {
+            transport: sample_delta(
+                before,
+                after,
+                "vllm_omni:errors_total",
+                transport=transport,
+                code="503",
+                type="Service Unavailable",
+            )
+            for transport in ("http", "websocket", "job")
+        }
+        # http: SDK, stream, and the failed job's content read back.
+        assert by_transport == {"http": 3, "websocket": 1, "job": 1}
+        assert after[("vllm_omni:requests_in_flight", ())] == LIMIT
+        # Refusals are expected under overload: INFO, no tracebacks.
+        lines = server.log()[offset:].splitlines()
+        assert not [line for line in lines if "ERROR" in line or "Traceback" in line]
+        assert sum("(overload)" in line and " INFO " in line for line in lines) >= 3
+        assert sum("(stored job error)" in line for line in lines) == 1
+        assert refused_in < 5.0  # at once, not after a queue or a deadline
+    finally:
+        for sock in holders:
+            sock.close()
+    # The holders hung up: aborted, capacity is back.
+    _wait_in_flight(server, 0)
+    reply = httpx.post(
+        server.base_url + CHAT,
+        json={"messages": [{"role": "user", "content": "hello again"}]},
+        headers={"Authorization": f"Bearer {API_KEY}"},
+        timeout=30,
+    )
+    assert reply.status_code == 200

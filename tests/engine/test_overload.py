@@ -1,0 +1,133 @@
+"""Overload: nothing lost on the stage wire, refusals at admission (§9).
+
+The burst is the operator's report: two heavy image requests (n=10,
+1024x1024) at the head, then 3,000 small ones with 2 kB prompts (so the
+kernel's socket buffer cannot absorb what the high-water marks refuse).
+Before the fix the stage received exactly 2,000 (its DEALER's receive HWM
+plus the ROUTER's send HWM); the ROUTER silently dropped the rest: 504 after
+``timeout_s``, or a wait forever without one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from vllm.exceptions import QueueOverflowError
+
+from tests.engine.engines import drain, write_pipeline
+from tests.prom import local
+from vllm_omni.entrypoints.async_omni import AsyncOmni
+from vllm_omni.errors import VLLMValidationError, normalize
+
+pytestmark = pytest.mark.timeout(180)
+
+HEAVY = {"n": 10, "size": "1024x1024"}
+SMALL = {"size": "64x64"}
+BURST = 3000
+PADDING = "x" * 2000
+
+
+def image_pipeline(timeout_s: float | None) -> dict[str, Any]:
+    stage: dict[str, Any] = {"id": 0, "name": "image", "kind": "image"}
+    if timeout_s is not None:
+        stage["timeout_s"] = timeout_s
+    return {"model": "omni-burst", "stages": [stage]}
+
+
+@pytest_asyncio.fixture
+async def limited_engine(pipeline_dir: Path) -> AsyncIterator[AsyncOmni]:
+    engine = await AsyncOmni.create(
+        pipeline=write_pipeline(pipeline_dir, image_pipeline(20)),
+        max_num_queued_reqs=4,
+    )
+    yield engine
+    engine.shutdown()
+
+
+async def image(engine: AsyncOmni, index: int, params: dict[str, Any]) -> int:
+    final = await drain(
+        engine.generate(
+            f"burst {index} {PADDING}",
+            request_id=f"burst-{index}",
+            modalities="image",
+            params=params,
+        )
+    )
+    assert final.diffusion is not None
+    return len(final.diffusion.images)
+
+
+@pytest.mark.parametrize("timeout_s", [20.0, None], ids=["timeout_s=20", "no-timeout"])
+async def test_burst_behind_a_heavy_head_loses_nothing(
+    pipeline_dir: Path, timeout_s: float | None
+) -> None:
+    engine = await AsyncOmni.create(
+        pipeline=write_pipeline(pipeline_dir, image_pipeline(timeout_s)),
+        max_num_queued_reqs=BURST + 2,
+    )
+    try:
+        params = [HEAVY, HEAVY] + [SMALL] * BURST
+        async with asyncio.timeout(120):  # without the fix: forever
+            counts = await asyncio.gather(
+                *(image(engine, i, p) for i, p in enumerate(params)),
+                return_exceptions=True,
+            )
+        failures = [c for c in counts if isinstance(c, BaseException)]
+        assert failures == []
+        assert counts == [10, 10] + [1] * BURST
+        stats = (await engine.stage_stats())[0]
+        assert stats is not None
+        # What the stage received equals what was sent.
+        assert (stats["submitted"], stats["completed"], stats["failed"]) == (
+            BURST + 2,
+            BURST + 2,
+            0,
+        )
+    finally:
+        engine.shutdown()
+
+
+async def test_admission_refuses_beyond_the_limit_at_once(
+    limited_engine: AsyncOmni,
+) -> None:
+    rejected_before = local(
+        "vllm_omni:admission_rejections_total", reason="max_num_queued_reqs"
+    )
+    before = (await limited_engine.stage_stats())[0]
+    assert before is not None
+    params = [HEAVY, HEAVY] + [SMALL] * 10
+    results = await asyncio.gather(
+        *(image(limited_engine, i, p) for i, p in enumerate(params)),
+        return_exceptions=True,
+    )
+    # Tasks start in order: the first four are admitted, the rest refused.
+    assert results[:4] == [10, 10, 1, 1]
+    refused = results[4:]
+    assert all(type(error) is QueueOverflowError for error in refused)
+    details = normalize(refused[0])
+    assert (details.status_code, details.category, details.error_type) == (
+        503,
+        "server",
+        "Service Unavailable",
+    )
+    assert (
+        local("vllm_omni:admission_rejections_total", reason="max_num_queued_reqs")
+        == rejected_before + 8
+    )
+    after = (await limited_engine.stage_stats())[0]
+    assert after is not None
+    assert after["submitted"] - before["submitted"] == 4
+    assert local("vllm_omni:requests_in_flight") == 0
+    # Capacity is back: the next request is admitted.
+    assert await image(limited_engine, 99, SMALL) == 1
+
+
+async def test_max_num_queued_reqs_is_validated() -> None:
+    with pytest.raises(VLLMValidationError) as info:
+        AsyncOmni("reference", max_num_queued_reqs=0)
+    assert info.value.parameter == "max_num_queued_reqs"
