@@ -172,12 +172,15 @@ async def _serve(args: argparse.Namespace) -> int:
     (which the stages do not need), then serve."""
     from vllm_omni.entrypoints.async_omni import AsyncOmni
 
+    limits: dict[str, int] = {}
+    if args.max_num_queued_reqs is not None:
+        limits["max_num_queued_reqs"] = args.max_num_queued_reqs
     starting = asyncio.create_task(
         AsyncOmni.create(
             pipeline=args.pipeline,
             worker_backend=args.worker_backend,
             ray_address=args.ray_address,
-            max_num_queued_reqs=args.max_num_queued_reqs,
+            **limits,
         )
     )
     try:
