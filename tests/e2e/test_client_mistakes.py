@@ -57,6 +57,7 @@ def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OmniServer]:
         directory,
         stages=[{"id": 0, "name": "image", "kind": "image", "timeout_s": 30}],
         faults=[],
+        blocklist=(),
     )
     args: tuple[str, ...] = ()
     for name, value in LIMITS.items():

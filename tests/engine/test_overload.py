@@ -22,7 +22,7 @@ from vllm.exceptions import QueueOverflowError
 from tests.engine.engines import drain, write_pipeline
 from tests.prom import local
 from vllm_omni.entrypoints.async_omni import AsyncOmni
-from vllm_omni.errors import VLLMValidationError, normalize
+from vllm_omni.errors import OmniServerError, VLLMValidationError, normalize
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -108,7 +108,13 @@ async def test_admission_refuses_beyond_the_limit_at_once(
     # Tasks start in order: the first four are admitted, the rest refused.
     assert results[:4] == [10, 10, 1, 1]
     refused = results[4:]
-    assert all(type(error) is QueueOverflowError for error in refused)
+    # Upstream's QueueOverflowError does not pickle, so callers get the 503
+    # rebuilt from its record, with the original as its cause.
+    assert all(
+        type(error) is OmniServerError
+        and isinstance(error.__cause__, QueueOverflowError)
+        for error in refused
+    )
     details = normalize(refused[0])
     assert (details.status_code, details.category, details.error_type) == (
         503,

@@ -30,10 +30,11 @@ from vllm_omni.entrypoints.async_omni import AsyncOmni
 from vllm_omni.entrypoints.omni import Omni
 from vllm_omni.errors import (
     EngineDeadError,
-    OmniClientError,
     OmniEngineDeadError,
     OmniEngineGenerateError,
-    OmniServerError,
+    RemoteOmniServiceUnavailableError,
+    RemoteVLLMNotFoundError,
+    RemoteVLLMValidationError,
 )
 from vllm_omni.errors.details import OmniErrorDetails
 
@@ -113,14 +114,14 @@ async def _failure(engine: AsyncOmni, prompt: str, modalities: list[str]) -> Exc
 @pytest.mark.parametrize(
     ("prompt", "modalities", "cls", "status", "error_type", "stage_id"),
     [
-        ("x @invalid", ["text"], OmniClientError, 400, "BadRequestError", 0),
-        ("x @novoice", ["audio"], OmniClientError, 404, "NotFoundError", 1),
+        ("x @invalid", ["text"], RemoteVLLMValidationError, 400, "BadRequestError", 0),
+        ("x @novoice", ["audio"], RemoteVLLMNotFoundError, 404, "NotFoundError", 1),
         ("x @boom", ["text"], OmniEngineGenerateError, 500, "InternalServerError", 0),
         ("x @secret", ["text"], OmniEngineGenerateError, 500, "InternalServerError", 0),
         (
             "x @unavailable",
             ["audio"],
-            OmniServerError,
+            RemoteOmniServiceUnavailableError,
             503,
             "ServiceUnavailableError",
             1,

@@ -370,6 +370,7 @@ def test_node_loss_fails_in_flight_requests_and_exits(
     assert server.proc.wait(timeout=30) == 1
     log = server.log()
     # Whichever noticed first: Ray (ActorDiedError) or the orphaned worker.
-    assert "engine dead: stage 1: " in log and "Ray" in log.split("engine dead")[1]
+    assert "engine dead: stage 1 (talker) failed fatally: " in log
+    assert "Ray" in log.split("engine dead")[1]
     last = max(at_talker["at"], at_thinker["at"])
     print(f"node loss to last in-flight failure: {last - removed:.2f} s")

@@ -206,7 +206,11 @@ def replayed(exc: BaseException) -> BaseException:
 
 def _quiet_reason(exc: BaseException | None) -> str | None:
     """Why a server error is expected and logged at INFO without traceback."""
-    if isinstance(exc, QueueOverflowError):
+    # The engine hands callers a picklable rebuild of upstream's overload
+    # error, with the original as its cause.
+    if isinstance(exc, QueueOverflowError) or (
+        exc is not None and isinstance(exc.__cause__, QueueOverflowError)
+    ):
         return "overload"
     if isinstance(exc, EngineDeadError):
         return "engine dead"  # the death itself was logged once, CRITICAL
