@@ -8,6 +8,7 @@ Before the kill, both servers (LoRA off) answer a LoRA request with a 400.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -86,31 +87,69 @@ def _plain(base: str, sink: dict[str, Any]) -> None:
     )
 
 
+class _Throttle(threading.Thread):
+    """Runs processes about 5% of the time (SIGCONT/SIGSTOP), and leaves them
+    stopped when told to stop. The tiny model decodes a whole stream in tens
+    of milliseconds, before a client could act on its first chunk; throttled
+    (the EngineCore and its model worker process), the kill reliably lands
+    mid-stream."""
+
+    def __init__(self, pids: list[int]) -> None:
+        super().__init__(daemon=True)
+        self.pids = pids
+        self.halt = threading.Event()
+
+    def _signal(self, signum: int) -> None:
+        for pid in self.pids:
+            os.kill(pid, signum)
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            self._signal(signal.SIGCONT)
+            time.sleep(0.001)
+            self._signal(signal.SIGSTOP)
+            time.sleep(0.02)
+
+
 def kill_engine_during_stream(server: OmniServer) -> tuple[list[str], httpx.Response]:
-    """SIGKILL the EngineCore after the stream's first chunk; the stream's
-    data events and the in-flight plain request's response."""
+    """SIGKILL the EngineCore after the stream's first chunk (stopped at that
+    chunk, then killed with a plain request in flight too); the stream's data
+    events and the plain request's response."""
     plain: dict[str, Any] = {}
     waiter = threading.Thread(target=_plain, args=(server.base_url, plain))
     pid = engine_core_pid(server)
-    with httpx.stream(
-        "POST",
-        server.base_url + CHAT,
-        json={
-            "messages": [{"role": "user", "content": "hello world"}],
-            "stream": True,
-            **LONG,
-        },
-        timeout=60,
-    ) as response:
-        assert response.status_code == 200
-        lines = response.iter_lines()
-        events = [next(lines).removeprefix("data: ")]
-        waiter.start()
-        time.sleep(0.05)
-        os.kill(pid, signal.SIGKILL)
-        events += [
-            line.removeprefix("data: ") for line in lines if line.startswith("data: ")
-        ]
+    workers = [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    throttle = _Throttle([pid, *workers])
+    throttle.start()
+    try:
+        with httpx.stream(
+            "POST",
+            server.base_url + CHAT,
+            json={
+                "messages": [{"role": "user", "content": "hello world"}],
+                "stream": True,
+                **LONG,
+            },
+            timeout=60,
+        ) as response:
+            assert response.status_code == 200
+            lines = response.iter_lines()
+            events = [next(lines).removeprefix("data: ")]
+            throttle.halt.set()
+            throttle.join()  # the engine is now stopped, mid-stream
+            waiter.start()
+            time.sleep(0.5)  # the plain request reaches the stopped engine
+            os.kill(pid, signal.SIGKILL)
+            for worker in workers:  # let them notice their EngineCore is gone
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker, signal.SIGCONT)
+            events += [
+                line.removeprefix("data: ")
+                for line in lines
+                if line.startswith("data: ")
+            ]
+    finally:
+        throttle.halt.set()
     waiter.join(timeout=60)
     return events, plain["response"]
 
@@ -118,7 +157,10 @@ def kill_engine_during_stream(server: OmniServer) -> tuple[list[str], httpx.Resp
 def assert_terminal_error(events: list[str]) -> None:
     assert events[-1] == "[DONE]"
     errors = [json.loads(e)["error"] for e in events[:-1] if e.startswith('{"error"')]
-    assert len(errors) == 1 and events[-2].startswith('{"error"')
+    assert len(errors) == 1 and events[-2].startswith('{"error"'), (
+        len(events),
+        events[-3:],
+    )
     (error,) = errors
     assert (error["code"], error["type"], error["message"], error["stage_id"]) == (
         500,
