@@ -101,7 +101,9 @@ class _Throttle(threading.Thread):
 
     def _signal(self, signum: int) -> None:
         for pid in self.pids:
-            os.kill(pid, signum)
+            # A short-lived helper among the engine's children may be gone.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
 
     def run(self) -> None:
         while not self.halt.is_set():
