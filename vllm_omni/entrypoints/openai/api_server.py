@@ -3,7 +3,7 @@
 ``build_app`` assembles the FastAPI app: routers (each behind the API-key
 dependency), the error boundary, and the Prometheus instrumentator mounted
 the way vLLM mounts it. ``init_app_state`` hangs the engine client and the
-job store on ``app.state``. ``run_server`` starts the engine, serves with
+job store on ``app.state``. ``run_server`` serves a started engine with
 uvicorn, and shuts everything down in order.
 
 This module wires things together; it owns no route logic and builds no
@@ -125,22 +125,13 @@ async def init_app_state(
     await _run_hooks(app, "init_state", args)
 
 
-async def run_server(args: argparse.Namespace, engine: AsyncOmni | None = None) -> int:
-    """Start the engine (unless given one already started), serve until told
-    to stop or the engine dies; shuts the engine down in every case.
+async def run_server(args: argparse.Namespace, engine: AsyncOmni) -> int:
+    """Serve ``engine`` (started by ``vllm-omni serve``, which overlaps its
+    start with this module's import) until told to stop or the engine dies;
+    shuts the engine down in every case.
 
     Returns the process exit code: 1 when the engine died, else 0.
     """
-    if engine is None:
-        limits: dict[str, int] = {}
-        if getattr(args, "max_num_queued_reqs", None) is not None:
-            limits["max_num_queued_reqs"] = args.max_num_queued_reqs
-        engine = await AsyncOmni.create(
-            pipeline=args.pipeline,
-            worker_backend=args.worker_backend,
-            ray_address=args.ray_address,
-            **limits,
-        )
     try:
         app = build_app(args)
         await init_app_state(app, engine, args)
