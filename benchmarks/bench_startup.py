@@ -22,7 +22,9 @@ Rows:
   target: at most 1.6x the bare import (``ok``);
 - ``floor: import the server's modules``: ``python -c "import
   vllm_omni.entrypoints.openai.api_server"``, the least the row above can
-  take (vLLM's exception classes pull in ``vllm.config``).
+  take (``import vllm`` plus FastAPI; ``vllm.config``, which upstream's
+  engine-exception package and launcher module would load, is left out by
+  ``vllm_omni.upstream``).
 
 ``python benchmarks/bench_startup.py`` prints a table; ``run()`` returns the
 rows for ``python -m benchmarks``.
@@ -88,10 +90,9 @@ def run(repeats: int | None = None) -> list[dict[str, object]]:
     serve_row = _row(
         "serve: process start to /health 200", health, statistics.median(around)
     )
-    # The floor of that row: importing what the server needs. vLLM's
-    # ``EngineDeadError`` lives in ``vllm.v1.engine``, whose package import
-    # loads ``vllm.config`` (transformers, torch._dynamo): more than a bare
-    # ``import vllm``, in the server and in the stages alike.
+    # The floor of that row: importing what the server needs: ``vllm``
+    # itself, not ``vllm.config`` (vllm_omni.upstream loads upstream's engine
+    # exceptions without their package and defers upstream's launcher).
     floor = _row(
         "floor: import the server's modules",
         [_import_seconds(_SERVER_MODULE) for _ in range(repeats)],

@@ -61,7 +61,6 @@ from starlette.requests import ClientDisconnect, HTTPConnection
 from starlette.responses import Response
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from vllm.entrypoints.launchers.launcher import terminate_if_errored
 from vllm.exceptions import QueueOverflowError
 
 from vllm_omni.errors.details import DEFAULT_TYPE, STATUS_RANGES, OmniErrorDetails
@@ -85,6 +84,7 @@ from vllm_omni.errors.types import (
     OmniServerError,
     VLLMValidationError,
 )
+from vllm_omni.upstream import terminate_if_errored, warm_launcher
 
 __all__ = [
     "ErrorBoundary",
@@ -260,7 +260,9 @@ def _terminate_if_errored(
     engine = getattr(state, "engine_client", None)
     if engine is None:
         return
-    if server is not None:
+    if server is not None and engine.errored:
+        # Upstream's rule can only act on a dead engine, so its module (warmed
+        # once the server is serving, vllm_omni.upstream) is needed only then.
         terminate_if_errored(server=server, engine=engine)
     if not (isinstance(exc, EngineDeadError) or details.fatal):
         return
@@ -365,9 +367,15 @@ class ErrorBoundary:
         self.app = app
         self.mode = mode
         self.max_request_bytes = max_request_bytes
+        self._warmed = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
+            if scope["type"] == "lifespan" and not self._warmed:
+                # Upstream's launcher module (terminate_if_errored) costs
+                # 3-4 s of imports: load it beside startup, not before it.
+                self._warmed = True
+                warm_launcher()
             await self.app(scope, receive, send)
             return
         # Per request (uvicorn runs each in its own task): the engine reads

@@ -56,12 +56,18 @@ from vllm.exceptions import (
     VLLMUnprocessableEntityError,
     VLLMValidationError,
 )
-from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
 from vllm_omni.errors.details import STATUS_RANGES, default_type
+from vllm_omni.upstream import engine_exceptions
 
 if TYPE_CHECKING:
+    from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+
     from vllm_omni.errors.details import OmniErrorDetails
+else:
+    # Upstream's classes, without the cost of their package (vllm_omni.upstream).
+    EngineDeadError = engine_exceptions().EngineDeadError
+    EngineGenerateError = engine_exceptions().EngineGenerateError
 
 __all__ = [
     "REMOTE_TYPES",

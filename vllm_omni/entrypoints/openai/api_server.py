@@ -18,14 +18,13 @@ import contextlib
 import importlib
 import logging
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import uvicorn
 from fastapi import Depends, FastAPI
 from prometheus_fastapi_instrumentator import Instrumentator
 from starlette.responses import Response
-from vllm.entrypoints.launchers.launcher import NoSignalServer, terminate_if_errored
 
 from vllm_omni.entrypoints.async_omni import AsyncOmni
 from vllm_omni.entrypoints.openai.auth import (
@@ -35,6 +34,7 @@ from vllm_omni.entrypoints.openai.auth import (
 from vllm_omni.entrypoints.openai.limits import RequestLimits
 from vllm_omni.errors.fastapi import install_error_handling
 from vllm_omni.errors.openapi import ERROR_RESPONSES
+from vllm_omni.upstream import launcher
 
 __all__ = ["build_app", "init_app_state", "run_server"]
 
@@ -145,7 +145,7 @@ async def run_server(args: argparse.Namespace, engine: AsyncOmni) -> int:
         # uvicorn's own handlers re-raise SIGINT/SIGTERM once serve() returns,
         # killing the process before the stages are shut down below; like
         # vLLM's launcher, handle the signals on the loop instead.
-        server = NoSignalServer(config)
+        server = _LoopSignalServer(config)
         app.state.server = server
         loop = asyncio.get_running_loop()
         for sig in _EXIT_SIGNALS:
@@ -171,6 +171,21 @@ async def run_server(args: argparse.Namespace, engine: AsyncOmni) -> int:
         engine.shutdown()
 
 
+class _LoopSignalServer(uvicorn.Server):
+    """A uvicorn server that leaves SIGINT/SIGTERM to the event loop.
+
+    Upstream's ``NoSignalServer`` does the same, but its module imports
+    ``vllm.config`` (3–4 s), which the server would wait for before
+    ``/health``; the error boundary imports that module in a thread at
+    startup (``vllm_omni.upstream.warm_launcher``), for
+    ``terminate_if_errored``.
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 def _request_exit(server: uvicorn.Server) -> None:
     """First signal: graceful shutdown; a second: stop waiting for requests."""
     if server.should_exit:
@@ -187,8 +202,10 @@ async def _watch_engine(server: uvicorn.Server, engine: AsyncOmni) -> None:
     """
     while not engine.errored:
         await asyncio.sleep(0.2)
-    # The orchestrator logged the death (CRITICAL, once); this is the decision.
-    terminate_if_errored(server=server, engine=engine)
+    # The orchestrator logged the death (CRITICAL, once); this is the decision
+    # (upstream's module, loaded off the loop if startup has not yet).
+    rule = await asyncio.to_thread(launcher)
+    rule.terminate_if_errored(server=server, engine=engine)
     logger.warning(
         "engine dead: %s",
         "shutting the API server down"
