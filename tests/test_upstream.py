@@ -9,6 +9,7 @@ this project reach ``EngineDeadError`` must give the one class.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import re
 import subprocess
@@ -34,15 +35,31 @@ from vllm.v1.engine import core_client
 import vllm.v1.engine
 out["engine_same_class"] = core_client.EngineDeadError is EngineDeadError
 out["attribute_set"] = vllm.v1.engine.exceptions.EngineDeadError is EngineDeadError
-from vllm_omni.upstream import launcher
-out["launcher_rule"] = launcher().terminate_if_errored.__module__
+# Upstream's rule on a dead engine before its module is loaded: the call
+# returns at once (the event loop is not blocked), a thread applies it.
+import threading, time, types
+from vllm_omni import upstream
+server = types.SimpleNamespace(should_exit=False)
+engine = types.SimpleNamespace(
+    errored=True, is_running=False, should_keep_api_server_alive=False
+)
+upstream.terminate_if_errored(server=server, engine=engine)
+out["exit_set_at_once"] = server.should_exit
+deadline = time.monotonic() + 120
+while not server.should_exit and time.monotonic() < deadline:
+    time.sleep(0.05)
+out["exit_set_by_thread"] = server.should_exit
+out["launcher_rule"] = upstream.launcher().terminate_if_errored.__module__
 print(json.dumps(out))
 """
 
 
 def test_server_modules_skip_vllm_config_and_keep_one_class() -> None:
+    env = dict(os.environ)
+    env.pop("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", None)
     done = subprocess.run(
         [sys.executable, "-c", _PROBE],
+        env=env,
         capture_output=True,
         text=True,
         timeout=240,
@@ -57,6 +74,8 @@ def test_server_modules_skip_vllm_config_and_keep_one_class() -> None:
         "caught_as_upstream": True,
         "engine_same_class": True,
         "attribute_set": True,
+        "exit_set_at_once": False,
+        "exit_set_by_thread": True,
         "launcher_rule": "vllm.entrypoints.launchers.launcher",
     }
 
