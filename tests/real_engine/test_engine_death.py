@@ -8,7 +8,6 @@ Before the kill, both servers (LoRA off) answer a LoRA request with a 400.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -20,7 +19,6 @@ from typing import Any
 
 import httpx
 import openai
-import psutil
 import pytest
 
 from tests.e2e.omni_server import OmniServer, start_server
@@ -28,6 +26,7 @@ from tests.real_engine.conftest import (
     running_servers,
     write_tiny_pipeline,
 )
+from tests.real_engine.pause import EnginePause, Stream
 from tests.real_engine.tiny_model import MAX_MODEL_LEN
 
 pytestmark = pytest.mark.timeout(600)
@@ -66,19 +65,6 @@ def servers(
         yield {**exits, **alive}
 
 
-def engine_core_pid(server: OmniServer) -> int:
-    for child in psutil.Process(server.proc.pid).children(recursive=True):
-        try:
-            if (
-                "EngineCore" in " ".join(child.cmdline())
-                or "EngineCore" in child.name()
-            ):
-                return child.pid
-        except psutil.NoSuchProcess:
-            continue
-    raise AssertionError("no EngineCore process under the server")
-
-
 def _plain(base: str, sink: dict[str, Any]) -> None:
     sink["response"] = httpx.post(
         base + CHAT,
@@ -87,73 +73,36 @@ def _plain(base: str, sink: dict[str, Any]) -> None:
     )
 
 
-class _Throttle(threading.Thread):
-    """Runs processes about 5% of the time (SIGCONT/SIGSTOP), and leaves them
-    stopped when told to stop. The tiny model decodes a whole stream in tens
-    of milliseconds, before a client could act on its first chunk; throttled
-    (the EngineCore and its model worker process), the kill reliably lands
-    mid-stream."""
-
-    def __init__(self, pids: list[int]) -> None:
-        super().__init__(daemon=True)
-        self.pids = pids
-        self.halt = threading.Event()
-
-    def _signal(self, signum: int) -> None:
-        for pid in self.pids:
-            # A short-lived helper among the engine's children may be gone.
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signum)
-
-    def run(self) -> None:
-        while not self.halt.is_set():
-            self._signal(signal.SIGCONT)
-            time.sleep(0.001)
-            self._signal(signal.SIGSTOP)
-            time.sleep(0.02)
-
-
 def kill_engine_during_stream(server: OmniServer) -> tuple[list[str], httpx.Response]:
-    """SIGKILL the EngineCore after the stream's first chunk (stopped at that
-    chunk, then killed with a plain request in flight too); the stream's data
-    events and the plain request's response."""
+    """SIGKILL the EngineCore after the stream's first chunk (held stopped at
+    that chunk, then killed with a plain request in flight too); the stream's
+    data events and the plain request's response."""
     plain: dict[str, Any] = {}
     waiter = threading.Thread(target=_plain, args=(server.base_url, plain))
-    pid = engine_core_pid(server)
-    workers = [child.pid for child in psutil.Process(pid).children(recursive=True)]
-    throttle = _Throttle([pid, *workers])
-    throttle.start()
-    try:
-        with httpx.stream(
-            "POST",
-            server.base_url + CHAT,
-            json={
-                "messages": [{"role": "user", "content": "hello world"}],
-                "stream": True,
-                **LONG,
-            },
-            timeout=60,
-        ) as response:
-            assert response.status_code == 200
-            lines = response.iter_lines()
-            events = [next(lines).removeprefix("data: ")]
-            throttle.halt.set()
-            throttle.join()  # the engine is now stopped, mid-stream
-            waiter.start()
-            time.sleep(0.5)  # the plain request reaches the stopped engine
-            os.kill(pid, signal.SIGKILL)
-            for worker in workers:  # let them notice their EngineCore is gone
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(worker, signal.SIGCONT)
-            events += [
-                line.removeprefix("data: ")
-                for line in lines
-                if line.startswith("data: ")
-            ]
-    finally:
-        throttle.halt.set()
+    stream = Stream(
+        server.base_url + CHAT,
+        {
+            "messages": [{"role": "user", "content": "hello world"}],
+            "stream": True,
+            **LONG,
+        },
+    )
+    with EnginePause(server) as pause:
+        stream.start()
+        pause.until(stream.first)  # the engine is now stopped, mid-stream
+        # A step may have produced a few more chunks; the stream goes on.
+        assert (stream.status, stream.error, stream.is_alive()) == (200, None, True)
+        at_first = len(stream.events)
+        waiter.start()
+        time.sleep(0.5)  # the plain request reaches the stopped engine
+        # Still mid-stream: nothing ran while the model was stopped.
+        assert (stream.is_alive(), len(stream.events)) == (True, at_first)
+        os.kill(pause.pid, signal.SIGKILL)
+        pause.resume()  # the worker notices its EngineCore is gone
+        stream.join(timeout=60)
     waiter.join(timeout=60)
-    return events, plain["response"]
+    assert stream.error is None
+    return stream.events, plain["response"]
 
 
 def assert_terminal_error(events: list[str]) -> None:

@@ -30,6 +30,7 @@ from tests.real_engine.conftest import (
     running_servers,
     write_tiny_pipeline,
 )
+from tests.real_engine.pause import EnginePause, Stream
 from tests.real_engine.tiny_model import MAX_MODEL_LEN
 
 pytestmark = pytest.mark.timeout(600)
@@ -161,16 +162,18 @@ def test_client_disconnect_aborts_the_request_in_the_engine(
         "max_tokens": MAX_MODEL_LEN - 16,
         "stream": True,
     }
-    with httpx.stream(
-        "POST", server.base_url + "/v1/chat/completions", json=body, timeout=30
-    ) as response:
-        assert response.status_code == 200
-        first = next(response.iter_lines())
-    completion_id = json.loads(first.removeprefix("data: "))["id"]
-    request_id = completion_id.removeprefix("chatcmpl-")
-    # AsyncLLM (enable_log_requests) logs the abort it received.
-    aborted = re.compile(rf"Request \S*{re.escape(request_id)}\S* aborted")
-    deadline = time.monotonic() + 20
-    while not aborted.search(server.log()):
-        assert time.monotonic() < deadline, server.log()[-3000:]
-        time.sleep(0.2)
+    # The engine is held at the first chunk, so the hang-up lands mid-stream.
+    stream = Stream(server.base_url + CHAT, body, hang_up=True)
+    with EnginePause(server) as pause:
+        stream.start()
+        pause.until(stream.first)
+        stream.join(timeout=30)
+        assert (stream.status, stream.error, len(stream.events)) == (200, None, 1)
+        completion_id = json.loads(stream.events[0])["id"]
+        request_id = completion_id.removeprefix("chatcmpl-")
+        # AsyncLLM (enable_log_requests) logs the abort it received.
+        aborted = re.compile(rf"Request \S*{re.escape(request_id)}\S* aborted")
+        deadline = time.monotonic() + 20
+        while not aborted.search(server.log()):
+            assert time.monotonic() < deadline, server.log()[-3000:]
+            time.sleep(0.2)
