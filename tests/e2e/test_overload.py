@@ -20,6 +20,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from tests.e2e.omni_server import (
+    FAULTS,
     REFERENCE_STAGES,
     OmniServer,
     start_server,
@@ -37,6 +38,7 @@ BUSY = (
 )
 CHAT = "/v1/chat/completions"
 TALKER = 2
+VIDEO = 5
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +50,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OmniServer]:
         {**s, "timeout_s": 120} if s["kind"] == "text" else s for s in REFERENCE_STAGES
     ]
     stages[TALKER] = {**stages[TALKER], "timeout_s": 120, "max_num_queued_reqs": 1}
+    stages[VIDEO] = {**stages[VIDEO], "max_num_queued_reqs": 1}
     started = start_server(
         directory,
-        write_pipeline(directory, stages=stages),
+        write_pipeline(
+            directory,
+            stages=stages,
+            faults=[*FAULTS, {"stage": VIDEO, "marker": "@vhang", "action": "hang"}],
+        ),
         api_key=API_KEY,
         extra_args=("--max-num-queued-reqs", str(LIMIT)),
     )
@@ -347,4 +354,70 @@ def test_a_full_stage_refuses_on_every_transport(server: OmniServer) -> None:
         assert sum("(overload)" in line and " INFO " in line for line in lines) == 4
     finally:
         holder.close()
+    _wait_in_flight(server, 0)
+
+
+def _job_until_finished(server: OmniServer, job_id: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 10
+    while True:
+        job = httpx.get(
+            server.base_url + f"/v1/videos/{job_id}", headers=server.headers()
+        ).json()
+        if job["status"] not in ("queued", "in_progress"):
+            return job
+        assert time.monotonic() < deadline, job
+        time.sleep(0.05)
+
+
+def test_a_full_video_stage_fails_the_job_with_its_503(server: OmniServer) -> None:
+    """The video stage admits one job at a time: the next job is accepted,
+    then fails with the stored 503 naming the stage."""
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    holder = httpx.post(
+        server.base_url + "/v1/videos",
+        json={"prompt": "hold @vhang"},
+        headers=headers,
+        timeout=10,
+    ).json()
+    try:
+        _wait_in_flight(server, 1)
+        before = metric_samples(server.base_url)
+        job = httpx.post(
+            server.base_url + "/v1/videos",
+            json={"prompt": "a fox"},
+            headers=headers,
+            timeout=10,
+        ).json()
+        job = _job_until_finished(server, job["id"])
+        assert job["status"] == "failed"
+        error = job["error"]
+        _assert_busy(error)
+        assert error["stage_id"] == VIDEO
+        content = httpx.get(
+            server.base_url + f"/v1/videos/{job['id']}/content", headers=headers
+        )
+        assert content.status_code == 503
+        assert content.headers["Retry-After"] == "1"
+        assert content.json()["error"]["stage_id"] == VIDEO
+        after = metric_samples(server.base_url)
+        assert (
+            sample_delta(
+                before,
+                after,
+                "vllm_omni:admission_rejections_total",
+                stage=str(VIDEO),
+            )
+            == 1
+        )
+        assert (
+            sample_delta(
+                before, after, "vllm_omni:errors_total", transport="job", code="503"
+            )
+            == 1
+        )
+        assert after[("vllm_omni:requests_in_flight", ())] == 1
+    finally:
+        httpx.delete(
+            server.base_url + f"/v1/videos/{holder['id']}", headers=headers, timeout=10
+        )
     _wait_in_flight(server, 0)
