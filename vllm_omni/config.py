@@ -18,6 +18,7 @@ Schema::
       - {id: 0, name: thinker, kind: text, timeout_s: 30}
       - {id: 1, name: talker, kind: talker, remote: false, legacy_wire: false}
       - {id: 2, name: gpu, kind: vllm, options: {engine_args: {model: ...}}}
+      - {id: 3, name: image, kind: image, max_num_queued_reqs: 8}
     guardrail:
       blocklist: [forbidden-topic]
     faults:                       # drills and tests only
@@ -26,6 +27,11 @@ Schema::
          exception: "vllm.exceptions:VLLMNotFoundError", args: ["gone"]}
       - {stage: talker, marker: "@exit", action: exit}        # os._exit(1)
       - {stage: 1, marker: "@hang", action: hang}             # past the deadline
+
+A stage's ``max_num_queued_reqs`` bounds the requests that stage holds at
+once (the engine-wide ``--max-num-queued-reqs`` still applies): a request
+handed to a full stage is refused with ``QueueOverflowError`` (503, with that
+``stage_id``) and aborted in the stages it went through.
 
 Running the stages as Ray actors (``worker_backend: ray``; the engine's
 ``worker_backend``/``ray_address`` arguments and ``vllm-omni serve
@@ -76,6 +82,7 @@ _STAGE_KEYS = {
     "name",
     "kind",
     "timeout_s",
+    "max_num_queued_reqs",
     "remote",
     "legacy_wire",
     "options",
@@ -116,6 +123,9 @@ class StageConfig:
     name: str
     kind: StageKind
     timeout_s: float | None = None
+    # Requests this stage may hold at once; one more handed to it is refused
+    # with QueueOverflowError (503). None: only the engine's limit applies.
+    max_num_queued_reqs: int | None = None
     # Started by an operator on another host; the orchestrator only waits for it.
     remote: bool = False
     # Send errors with only the 0.30 flat fields (for a strict old orchestrator).
@@ -243,6 +253,12 @@ def _stage(raw: object, index: int) -> StageConfig:
         or timeout <= 0
     ):
         _reject("timeout_s must be a positive number", f"{where}.timeout_s")
+    limit = raw.get("max_num_queued_reqs")
+    if limit is not None and (not _is_int(limit) or limit < 1):
+        _reject(
+            "max_num_queued_reqs must be a positive integer",
+            f"{where}.max_num_queued_reqs",
+        )
     for flag in ("remote", "legacy_wire"):
         if not isinstance(raw.get(flag, False), bool):
             _reject(f"{flag} must be true or false", f"{where}.{flag}")
@@ -254,6 +270,7 @@ def _stage(raw: object, index: int) -> StageConfig:
         name=name,
         kind=cast(StageKind, kind),
         timeout_s=None if timeout is None else float(timeout),
+        max_num_queued_reqs=limit,
         remote=raw.get("remote", False),
         legacy_wire=raw.get("legacy_wire", False),
         options=dict(options),

@@ -20,6 +20,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from tests.e2e.omni_server import (
+    FAULTS,
     REFERENCE_STAGES,
     OmniServer,
     start_server,
@@ -36,18 +37,27 @@ BUSY = (
     "Please try again later or on a different instance."
 )
 CHAT = "/v1/chat/completions"
+TALKER = 2
+VIDEO = 5
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OmniServer]:
     directory = tmp_path_factory.mktemp("overload")
-    # A long text deadline: the requests that fill the engine must hold.
+    # Long text and talker deadlines: the requests that fill the engine or
+    # the talker must hold. The talker admits one request at a time.
     stages = [
         {**s, "timeout_s": 120} if s["kind"] == "text" else s for s in REFERENCE_STAGES
     ]
+    stages[TALKER] = {**stages[TALKER], "timeout_s": 120, "max_num_queued_reqs": 1}
+    stages[VIDEO] = {**stages[VIDEO], "max_num_queued_reqs": 1}
     started = start_server(
         directory,
-        write_pipeline(directory, stages=stages),
+        write_pipeline(
+            directory,
+            stages=stages,
+            faults=[*FAULTS, {"stage": VIDEO, "marker": "@vhang", "action": "hang"}],
+        ),
         api_key=API_KEY,
         extra_args=("--max-num-queued-reqs", str(LIMIT)),
     )
@@ -58,14 +68,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OmniServer]:
         started.stop()
 
 
-def _hold(server: OmniServer, index: int) -> socket.socket:
-    """A chat that hangs in the text stage, on a socket we close later."""
+def _hold(
+    server: OmniServer, index: int, path: str = CHAT, body: Any = None
+) -> socket.socket:
+    """A request that hangs in a stage (by default a chat in the text stage),
+    on a socket we close later."""
     url = urlsplit(server.base_url)
-    body = json.dumps({"messages": [{"role": "user", "content": "hold @hang"}]})
+    body = json.dumps(body or {"messages": [{"role": "user", "content": "hold @hang"}]})
     sock = socket.create_connection((url.hostname, url.port))
     sock.sendall(
         (
-            f"POST {CHAT} HTTP/1.1\r\nHost: {url.netloc}\r\n"
+            f"POST {path} HTTP/1.1\r\nHost: {url.netloc}\r\n"
             f"Authorization: Bearer {API_KEY}\r\nX-Request-Id: hold-{index}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
             f"{body}"
@@ -179,6 +192,7 @@ def test_refused_on_every_transport_then_served(server: OmniServer) -> None:
                 after,
                 "vllm_omni:admission_rejections_total",
                 reason="max_num_queued_reqs",
+                stage="",
             )
             == 4
         )
@@ -214,3 +228,196 @@ def test_refused_on_every_transport_then_served(server: OmniServer) -> None:
         timeout=30,
     )
     assert reply.status_code == 200
+
+
+def _assert_talker_busy(error: dict[str, Any]) -> None:
+    _assert_busy(error)
+    assert error["stage_id"] == TALKER
+
+
+def test_a_full_stage_refuses_on_every_transport(server: OmniServer) -> None:
+    """The talker admits one request: the next one handed to it is refused
+    with 503 naming the stage, after the stages before it ran, on HTTP, SSE
+    (after the text chunks: an error event) and WebSocket."""
+    holder = _hold(
+        server,
+        0,
+        "/v1/audio/speech",
+        {"input": "hold @talkhang", "voice": "alloy"},
+    )
+    try:
+        _wait_in_flight(server, 1)
+        before = metric_samples(server.base_url)
+        offset = len(server.log())
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+        both = {"modalities": ["text", "audio"]}
+
+        # HTTP, through the OpenAI SDK: the text stage ran, the talker refused.
+        client = openai.OpenAI(
+            base_url=server.base_url + "/v1", api_key=API_KEY, max_retries=0
+        )
+        with pytest.raises(openai.InternalServerError) as info:
+            client.chat.completions.create(
+                model="omni-reference",
+                messages=[{"role": "user", "content": "hi"}],
+                extra_body=both,
+            )
+        assert info.value.status_code == 503
+        assert info.value.response.headers["Retry-After"] == "1"
+        assert isinstance(info.value.body, dict)
+        _assert_talker_busy(info.value.body)
+
+        speech = httpx.post(
+            server.base_url + "/v1/audio/speech",
+            json={"input": "hi", "voice": "alloy"},
+            headers=headers,
+            timeout=10,
+        )
+        assert speech.status_code == 503
+        assert speech.headers["Retry-After"] == "1"
+        _assert_talker_busy(speech.json()["error"])
+
+        # SSE: the text chunks went out, then one error event and [DONE].
+        with httpx.stream(
+            "POST",
+            server.base_url + CHAT,
+            json={
+                "messages": [{"role": "user", "content": "hi there"}],
+                "stream": True,
+                **both,
+            },
+            headers=headers,
+            timeout=10,
+        ) as stream:
+            assert stream.status_code == 200
+            events = [
+                line.removeprefix("data: ")
+                for line in stream.iter_lines()
+                if line.startswith("data: ")
+            ]
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(e) for e in events[:-2]]
+        assert chunks and all("choices" in chunk for chunk in chunks)
+        _assert_talker_busy(json.loads(events[-2])["error"])
+
+        # WebSocket: one error event, then 1013 (try again later).
+        ws_url = server.base_url.replace("http://", "ws://") + "/v1/realtime"
+        with connect(ws_url, additional_headers=headers) as ws:
+            assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
+            ws.send(
+                json.dumps(
+                    {
+                        "type": "response.create",
+                        "event_id": "e1",
+                        "response": {"instructions": "hi", **both},
+                    }
+                )
+            )
+            event = json.loads(ws.recv(timeout=10))
+            while event["type"] != "error":
+                event = json.loads(ws.recv(timeout=10))
+            assert event["event_id"] == "e1"
+            _assert_talker_busy(event["error"])
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=10)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
+
+        after = metric_samples(server.base_url)
+        rejections = {
+            stage: sample_delta(
+                before,
+                after,
+                "vllm_omni:admission_rejections_total",
+                reason="max_num_queued_reqs",
+                stage=stage,
+            )
+            for stage in ("", str(TALKER))
+        }
+        assert rejections == {"": 0, str(TALKER): 4}
+        by_transport = {
+            transport: sample_delta(
+                before,
+                after,
+                "vllm_omni:errors_total",
+                transport=transport,
+                code="503",
+                type="Service Unavailable",
+            )
+            for transport in ("http", "sse", "websocket")
+        }
+        assert by_transport == {"http": 2, "sse": 1, "websocket": 1}
+        # A refusal is not an abort anyone asked for.
+        assert sample_delta(before, after, "vllm_omni:aborts_total") == 0
+        assert after[("vllm_omni:requests_in_flight", ())] == 1
+        lines = server.log()[offset:].splitlines()
+        assert not [line for line in lines if "ERROR" in line or "Traceback" in line]
+        assert sum("(overload)" in line and " INFO " in line for line in lines) == 4
+    finally:
+        holder.close()
+    _wait_in_flight(server, 0)
+
+
+def _job_until_finished(server: OmniServer, job_id: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 10
+    while True:
+        job = httpx.get(
+            server.base_url + f"/v1/videos/{job_id}", headers=server.headers()
+        ).json()
+        if job["status"] not in ("queued", "in_progress"):
+            return job
+        assert time.monotonic() < deadline, job
+        time.sleep(0.05)
+
+
+def test_a_full_video_stage_fails_the_job_with_its_503(server: OmniServer) -> None:
+    """The video stage admits one job at a time: the next job is accepted,
+    then fails with the stored 503 naming the stage."""
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    holder = httpx.post(
+        server.base_url + "/v1/videos",
+        json={"prompt": "hold @vhang"},
+        headers=headers,
+        timeout=10,
+    ).json()
+    try:
+        _wait_in_flight(server, 1)
+        before = metric_samples(server.base_url)
+        job = httpx.post(
+            server.base_url + "/v1/videos",
+            json={"prompt": "a fox"},
+            headers=headers,
+            timeout=10,
+        ).json()
+        job = _job_until_finished(server, job["id"])
+        assert job["status"] == "failed"
+        error = job["error"]
+        _assert_busy(error)
+        assert error["stage_id"] == VIDEO
+        content = httpx.get(
+            server.base_url + f"/v1/videos/{job['id']}/content", headers=headers
+        )
+        assert content.status_code == 503
+        assert content.headers["Retry-After"] == "1"
+        assert content.json()["error"]["stage_id"] == VIDEO
+        after = metric_samples(server.base_url)
+        assert (
+            sample_delta(
+                before,
+                after,
+                "vllm_omni:admission_rejections_total",
+                stage=str(VIDEO),
+            )
+            == 1
+        )
+        assert (
+            sample_delta(
+                before, after, "vllm_omni:errors_total", transport="job", code="503"
+            )
+            == 1
+        )
+        assert after[("vllm_omni:requests_in_flight", ())] == 1
+    finally:
+        httpx.delete(
+            server.base_url + f"/v1/videos/{holder['id']}", headers=headers, timeout=10
+        )
+    _wait_in_flight(server, 0)

@@ -15,9 +15,10 @@ import argparse
 import base64
 import io
 import json
+import threading
 import time
 import wave
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -27,6 +28,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from tests.e2e.omni_server import REFERENCE_STAGES, OmniServer
 from tests.e2e.servers import metric_samples, sample_delta, serve_in_thread
+from vllm_omni.outputs import OmniRequestOutput
 
 GENERIC = "The server had an error while processing your request."
 ERRORS = "vllm_omni:errors_total"
@@ -287,6 +289,84 @@ class _VideoOnlyEngine:
 
 
 # -- client disconnect -------------------------------------------------------------
+
+
+def test_hang_up_mid_stream_is_a_client_disconnect(omni_server: OmniServer) -> None:
+    """After the first text delta of a long answer: one abort in every stage
+    of the route, counted as ``client_disconnect`` (never ``cancelled``), and
+    no error."""
+    before = metric_samples(omni_server.base_url)
+    with connect(
+        _url(omni_server.base_url), additional_headers=omni_server.headers()
+    ) as ws:
+        session_id = _recv(ws)["session"]["id"]
+        _create(ws, instructions="a very long answer " * 300, max_tokens=4096)
+        assert _recv(ws)["type"] == "response.created"
+        assert _recv(ws)["type"] == "response.text.delta"
+    deadline = time.monotonic() + 5
+    while not all(
+        f"stage {stage}: request {session_id} aborted" in omni_server.log()
+        for stage in (0, 1)
+    ):
+        assert time.monotonic() < deadline, "the stages never saw the abort"
+        time.sleep(0.05)
+    after = metric_samples(omni_server.base_url)
+    aborts = {
+        reason: sample_delta(before, after, "vllm_omni:aborts_total", reason=reason)
+        for reason in ("client_disconnect", "cancelled", "abort", "timeout")
+    }
+    assert aborts == {"client_disconnect": 1, "cancelled": 0, "abort": 0, "timeout": 0}
+    assert sample_delta(before, after, ERRORS) == 0
+
+
+class _AheadEngine:
+    """Stands in for an engine whose whole answer is already waiting (a loaded
+    API server behind fast stages): every output is ready at once."""
+
+    model_name = "omni-reference"
+    modalities = frozenset({"text"})
+    errored = False
+    is_running = True
+    OUTPUTS = 20_000
+
+    def __init__(self) -> None:
+        self.yielded = 0
+        self.closed = threading.Event()
+
+    async def check_health(self) -> None:
+        return None
+
+    async def generate(
+        self, prompt: str, *, request_id: str, modalities: Any, params: Any
+    ) -> AsyncIterator[OmniRequestOutput]:
+        try:
+            for _ in range(self.OUTPUTS):
+                self.yielded += 1
+                yield OmniRequestOutput(request_id=request_id, text_delta="w ")
+            yield OmniRequestOutput(
+                request_id=request_id, finished=True, finish_reason="stop"
+            )
+        finally:
+            self.closed.set()
+
+
+def test_hang_up_is_heard_while_the_engine_is_ahead() -> None:
+    """Sends to a client that keeps reading never wait: the session must still
+    give its reader a turn, or it streams the whole answer to a client that
+    left (under load, most cut sessions were never aborted)."""
+    from vllm_omni.entrypoints.openai.api_server import build_app
+
+    engine = _AheadEngine()
+    app = build_app(argparse.Namespace(api_key=None, error_mode="strict"))
+    app.state.engine_client = engine
+    with serve_in_thread(app) as url:
+        with connect(_url(url)) as ws:
+            _recv(ws)
+            _create(ws, instructions="hi")
+            assert _recv(ws)["type"] == "response.created"
+            assert _recv(ws)["type"] == "response.text.delta"
+        assert engine.closed.wait(10)
+    assert engine.yielded < _AheadEngine.OUTPUTS
 
 
 def test_disconnect_mid_response_aborts_and_is_not_an_error(

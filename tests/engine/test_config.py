@@ -37,7 +37,13 @@ def test_a_file_path_selects_another_pipeline(tmp_path: Path) -> None:
     }
     pipeline = load_pipeline(write_pipeline(tmp_path, document))
     assert pipeline.model == "m" and pipeline.stages[0].timeout_s == 2.0
+    assert pipeline.stages[0].max_num_queued_reqs is None
     assert pipeline.faults_for(0)[0].action == "exit"
+
+
+def test_a_stage_admission_limit_is_read() -> None:
+    pipeline = pipeline_from_mapping(_with_stage(max_num_queued_reqs=3))
+    assert pipeline.stages[0].max_num_queued_reqs == 3
 
 
 def _with_stage(**changes: Any) -> dict[str, Any]:
@@ -55,6 +61,9 @@ def _with_stage(**changes: Any) -> dict[str, Any]:
         (_with_stage(id=-1), "stages[0].id"),
         (_with_stage(timeout_s=0), "stages[0].timeout_s"),
         (_with_stage(timeout_s=True), "stages[0].timeout_s"),
+        (_with_stage(max_num_queued_reqs=0), "stages[0].max_num_queued_reqs"),
+        (_with_stage(max_num_queued_reqs=2.5), "stages[0].max_num_queued_reqs"),
+        (_with_stage(max_num_queued_reqs=True), "stages[0].max_num_queued_reqs"),
         (_with_stage(colour="red"), "stages[0].colour"),
         (_with_stage(remote="yes"), "stages[0].remote"),
         ({**GOOD, "stages": GOOD["stages"] * 2}, "stages"),

@@ -19,10 +19,11 @@ import pytest
 import pytest_asyncio
 from vllm.exceptions import QueueOverflowError
 
-from tests.engine.engines import drain, write_pipeline
+from tests.engine.engines import drain, wait_for, write_pipeline
 from tests.prom import local
 from vllm_omni.entrypoints.async_omni import AsyncOmni
 from vllm_omni.errors import OmniServerError, VLLMValidationError, normalize
+from vllm_omni.outputs import OmniRequestOutput
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -96,7 +97,7 @@ async def test_admission_refuses_beyond_the_limit_at_once(
     limited_engine: AsyncOmni,
 ) -> None:
     rejected_before = local(
-        "vllm_omni:admission_rejections_total", reason="max_num_queued_reqs"
+        "vllm_omni:admission_rejections_total", reason="max_num_queued_reqs", stage=""
     )
     before = (await limited_engine.stage_stats())[0]
     assert before is not None
@@ -122,7 +123,11 @@ async def test_admission_refuses_beyond_the_limit_at_once(
         "Service Unavailable",
     )
     assert (
-        local("vllm_omni:admission_rejections_total", reason="max_num_queued_reqs")
+        local(
+            "vllm_omni:admission_rejections_total",
+            reason="max_num_queued_reqs",
+            stage="",
+        )
         == rejected_before + 8
     )
     after = (await limited_engine.stage_stats())[0]
@@ -137,3 +142,107 @@ async def test_max_num_queued_reqs_is_validated() -> None:
     with pytest.raises(VLLMValidationError) as info:
         AsyncOmni("reference", max_num_queued_reqs=0)
     assert info.value.parameter == "max_num_queued_reqs"
+
+
+# The guardrail, then an image stage that holds two requests at most; a
+# prompt with ``@slow`` stays in that stage until it is aborted.
+STAGE_LIMIT = 2
+STAGE_LIMITED = {
+    "model": "omni-stage-limit",
+    "stages": [
+        {"id": 0, "name": "guardrail", "kind": "guardrail"},
+        {
+            "id": 1,
+            "name": "image",
+            "kind": "image",
+            "timeout_s": 120,
+            "max_num_queued_reqs": STAGE_LIMIT,
+        },
+    ],
+    "faults": [{"stage": 1, "marker": "@slow", "action": "hang"}],
+}
+
+
+def _rejections(stage: str) -> float:
+    return local(
+        "vllm_omni:admission_rejections_total",
+        reason="max_num_queued_reqs",
+        stage=stage,
+    )
+
+
+def _aborts() -> dict[str, float]:
+    return {
+        reason: local("vllm_omni:aborts_total", reason=reason)
+        for reason in ("client_disconnect", "cancelled", "abort", "timeout")
+    }
+
+
+async def test_a_full_stage_refuses_at_once_and_keeps_nothing_behind(
+    pipeline_dir: Path,
+) -> None:
+    engine = await AsyncOmni.create(
+        pipeline=write_pipeline(pipeline_dir, STAGE_LIMITED)
+    )
+    try:
+        before = await engine.stage_stats()
+        stage_before, engine_before = _rejections("1"), _rejections("")
+        aborts_before = _aborts()
+        burst = 8
+        ids = [f"slow-{i}" for i in range(burst)]
+
+        async def one(request_id: str) -> OmniRequestOutput:
+            return await drain(
+                engine.generate(
+                    f"{request_id} @slow", request_id=request_id, modalities="image"
+                )
+            )
+
+        tasks = {rid: asyncio.create_task(one(rid)) for rid in ids}
+
+        async def refused_all() -> bool:
+            return sum(t.done() for t in tasks.values()) == burst - STAGE_LIMIT
+
+        await wait_for(refused_all, timeout_s=30)
+        refused = sorted(rid for rid, t in tasks.items() if t.done())
+        held = sorted(rid for rid, t in tasks.items() if not t.done())
+        assert len(held) == STAGE_LIMIT
+        for rid in refused:
+            error = tasks[rid].exception()
+            assert type(error) is OmniServerError
+            assert isinstance(error.__cause__, QueueOverflowError)
+            details = error.details
+            assert (
+                details.status_code,
+                details.category,
+                details.error_type,
+                details.stage_id,
+                details.request_id,
+            ) == (503, "server", "Service Unavailable", 1, rid)
+        after = await engine.stage_stats()
+        guardrail, image_stage = after[0], after[1]
+        assert guardrail is not None and image_stage is not None
+        assert before[0] is not None and before[1] is not None
+        # Every request went through the guardrail; the image stage received
+        # exactly the two it admitted, and holds them.
+        assert guardrail["submitted"] - before[0]["submitted"] == burst
+        assert image_stage["submitted"] - before[1]["submitted"] == STAGE_LIMIT
+        assert image_stage["active"] == held
+        # The refused ones were aborted in every stage; nothing stays behind.
+        assert guardrail["active"] == []
+        assert set(refused) <= set(guardrail["aborts"])
+        assert _rejections("1") - stage_before == burst - STAGE_LIMIT
+        assert _rejections("") == engine_before
+        # A refusal is not an abort of anyone's making.
+        assert _aborts() == aborts_before
+        assert local("vllm_omni:requests_in_flight") == STAGE_LIMIT
+
+        for rid in held:
+            tasks[rid].cancel()
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+        # Capacity is back: the next request is admitted and served.
+        final = await drain(engine.generate("small", modalities="image", params=SMALL))
+        assert final.diffusion is not None and len(final.diffusion.images) == 1
+        assert local("vllm_omni:requests_in_flight") == 0
+    finally:
+        engine.shutdown()

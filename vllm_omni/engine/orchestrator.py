@@ -23,6 +23,9 @@ into results or exceptions:
   cause (exception class and first line), never engine death;
 - admission control: at most ``max_num_queued_reqs`` requests are in flight;
   one more is refused at once with upstream's ``QueueOverflowError`` (503).
+  A stage with its own ``max_num_queued_reqs`` (pipeline file) holds at most
+  that many: a request handed to it beyond that is refused the same way,
+  with that stage's ``stage_id``, and aborted in the stages it went through.
   Nothing waits in a queue it cannot leave, and the wire never drops: the
   ROUTER is ``ROUTER_MANDATORY`` with no high-water mark (the admission limit
   bounds what it holds), so a send either reaches the stage's pipe or fails
@@ -77,6 +80,7 @@ from vllm_omni.errors.metrics import (
     ABORTS_TOTAL,
     ADMISSION_REJECTIONS_TOTAL,
     ENGINE_DEAD,
+    ENGINE_WIDE,
     REQUESTS_IN_FLIGHT,
     AbortReason,
     record_abort,
@@ -187,6 +191,9 @@ class _Request:
     wire_id: str
     queue: asyncio.Queue[m.Output | BaseException | _Aborted]
     stage: StageConfig | None = None
+    # The stage whose admission slot the request holds (until that stage
+    # finished it, or the request ended).
+    slot: StageConfig | None = None
     timer: asyncio.TimerHandle | None = None
     # Set once the request failed, timed out, was cancelled or completed:
     # later messages for it are dropped.
@@ -282,6 +289,11 @@ class Orchestrator:
         self._handles: dict[int, _StageHandle] = {}
         self._by_identity: dict[bytes, _StageHandle] = {}
         self._requests: dict[str, _Request] = {}
+        # Requests each stage holds, for the stages' own admission limits.
+        self._stage_load = {stage.id: 0 for stage in pipeline.stages}
+        for stage in pipeline.stages:
+            if stage.max_num_queued_reqs is not None:
+                ADMISSION_REJECTIONS_TOTAL.labels("max_num_queued_reqs", str(stage.id))
         self._by_wire: dict[str, _Request] = {}
         self._calls: dict[int, asyncio.Future[Any]] = {}
         self._call_ids = itertools.count(1)
@@ -715,7 +727,7 @@ class Orchestrator:
         if request_id in self._requests:
             raise OmniConflictError("A request with this id is already in flight.")
         if len(self._requests) >= self.max_num_queued_reqs:
-            ADMISSION_REJECTIONS_TOTAL.labels("max_num_queued_reqs").inc()
+            ADMISSION_REJECTIONS_TOTAL.labels("max_num_queued_reqs", ENGINE_WIDE).inc()
             logger.debug(
                 "request %s refused: %d requests in flight (max %d)",
                 request_id,
@@ -747,6 +759,7 @@ class Orchestrator:
         finally:
             request.closed = True
             self._cancel_timer(request)
+            self._release(request)
             self._requests.pop(request_id, None)
             self._by_wire.pop(wire_id, None)
             REQUESTS_IN_FLIGHT.dec()
@@ -797,6 +810,7 @@ class Orchestrator:
                 if item.finished:
                     break
             self._cancel_timer(request)
+            self._release(request)
             _finish_stage(final, stage, result)
             inputs = result
         request.closed = True
@@ -807,6 +821,7 @@ class Orchestrator:
 
     def _submit(self, request: _Request, stage: StageConfig, submit: m.Submit) -> None:
         self._check_serving(request.wire_id)
+        self._admit(request, stage)
         request.stage = stage
         if stage.timeout_s is not None:
             loop = asyncio.get_running_loop()
@@ -814,6 +829,38 @@ class Orchestrator:
                 stage.timeout_s, self._on_deadline, request, stage
             )
         self._post(self._handles[stage.id], submit, request)
+
+    def _admit(self, request: _Request, stage: StageConfig) -> None:
+        """Take a slot in ``stage``, or refuse the request: the stage holds its
+        ``max_num_queued_reqs`` already (``QueueOverflowError`` with its id)."""
+        limit = stage.max_num_queued_reqs
+        if limit is not None and self._stage_load[stage.id] >= limit:
+            ADMISSION_REJECTIONS_TOTAL.labels(
+                "max_num_queued_reqs", str(stage.id)
+            ).inc()
+            logger.debug(
+                "request %s refused: stage %d holds %d requests (max %d)",
+                request.request_id,
+                stage.id,
+                self._stage_load[stage.id],
+                limit,
+            )
+            if request.stage is not None:
+                # Refused mid-route: nothing may stay behind in the stages
+                # it went through. Not an abort anyone asked for: uncounted.
+                request.closed = True
+                self._abort_everywhere(request, None)
+            error = QueueOverflowError()
+            error.stage_id = stage.id  # type: ignore[attr-defined]
+            raise error
+        self._stage_load[stage.id] += 1
+        request.slot = stage
+
+    def _release(self, request: _Request) -> None:
+        """Give back the request's stage slot, once."""
+        if request.slot is not None:
+            self._stage_load[request.slot.id] -= 1
+            request.slot = None
 
     def _on_deadline(self, request: _Request, stage: StageConfig) -> None:
         if request.closed or request.stage is not stage:
@@ -855,6 +902,7 @@ class Orchestrator:
     def _close(self, request: _Request, error: BaseException | _Aborted) -> None:
         request.closed = True
         self._cancel_timer(request)
+        self._release(request)
         request.queue.put_nowait(error)
 
     def _close_requests(self, error_for: Any) -> None:

@@ -6,8 +6,9 @@ aborts by reason, admission rejections, plus two gauges (requests in flight,
 engine dead). Labels are bounded by construction: the transport is one of a
 fixed set, category and code come from a validated record, the type is the
 record's short identifier (from the status table or a class), the fallback
-label is an exception class name from a fixed table, and abort and admission
-reasons are literals. No message, id or path ever becomes a label.
+label is an exception class name from a fixed table, abort and admission
+reasons are literals, and the admission ``stage`` label is a stage id from
+the pipeline file. No message, request id or path ever becomes a label.
 
 It also owns the abort context: a transport that knows *why* a request is
 being cancelled (the HTTP boundary saw the client go away) says so here, and
@@ -29,6 +30,7 @@ __all__ = [
     "ABORTS_TOTAL",
     "ADMISSION_REJECTIONS_TOTAL",
     "ENGINE_DEAD",
+    "ENGINE_WIDE",
     "ERRORS_TOTAL",
     "RAW_FALLBACKS_TOTAL",
     "REQUESTS_IN_FLIGHT",
@@ -61,6 +63,9 @@ def record_error(transport: Transport, details: OmniErrorDetails) -> None:
     ).inc()
 
 
+# The ``stage`` label of a limit that is not a stage's own (the engine's).
+ENGINE_WIDE = ""
+
 # Why a request was aborted in every stage: the client went away (any
 # transport), its consumer was cancelled or closed (offline callers, Ctrl-C),
 # someone called ``abort()``, or a stage missed its deadline.
@@ -73,8 +78,9 @@ ABORTS_TOTAL = Counter(
 )
 ADMISSION_REJECTIONS_TOTAL = Counter(
     "vllm_omni:admission_rejections",
-    "Requests refused at admission with QueueOverflowError (503), by limit.",
-    ["reason"],
+    "Requests refused at admission with QueueOverflowError (503), by limit and "
+    "stage (the stage id for a stage's limit, \"\" for the engine's).",
+    ["reason", "stage"],
 )
 REQUESTS_IN_FLIGHT = Gauge(
     "vllm_omni:requests_in_flight",
@@ -87,7 +93,7 @@ ENGINE_DEAD = Gauge(
 # Every series exists from the start, so rate() and absent() work at once.
 for _reason in get_args(AbortReason):
     ABORTS_TOTAL.labels(_reason)
-ADMISSION_REJECTIONS_TOTAL.labels("max_num_queued_reqs")
+ADMISSION_REJECTIONS_TOTAL.labels("max_num_queued_reqs", ENGINE_WIDE)
 
 
 @dataclasses.dataclass(slots=True)

@@ -18,6 +18,8 @@ Owns the job record and its life cycle (DESIGN §4, async jobs)::
   ``OmniServiceUnavailableError``; ``shutdown`` cancels the running tasks
   (closing ``generate`` aborts their engine requests) and deliberately
   leaves them unfinished, so the next start fails them that way.
+- A job is independent of the request that created it: once its record is
+  written it runs, whether or not that request's client is still there.
 - A worker runs a job through ``engine.generate(..., modalities=["video"])``;
   whatever it raises goes exception → ``details_for_exception`` (normalize,
   fallback accounting, log) → ``job_error`` → store.
@@ -46,6 +48,7 @@ from vllm_omni.entrypoints.openai import job_lock
 from vllm_omni.errors import GenerationError, OmniServiceUnavailableError
 from vllm_omni.errors.details import OmniErrorDetails
 from vllm_omni.errors.fastapi import details_for_exception
+from vllm_omni.errors.metrics import AbortContext, set_abort_context
 from vllm_omni.errors.normalizer import Mode
 from vllm_omni.errors.render import job_error
 
@@ -402,9 +405,15 @@ class VideoJobs:
             error=None,
             error_category=None,
         )
+        # Shielded: once its record exists a job always gets its worker, even
+        # if the creating request is cancelled meanwhile (its client left);
+        # otherwise the job would stay queued, unrun, until a restart.
+        return await asyncio.shield(self._accept(job))
+
+    async def _accept(self, job: Job) -> Job:
         await self._call(self._store.create, job)
         self._tasks[job.id] = asyncio.create_task(
-            self._run(job.id, prompt, params), name=f"video-job-{job.id}"
+            self._run(job.id, job.prompt, job.params), name=f"video-job-{job.id}"
         )
         return job
 
@@ -446,6 +455,10 @@ class VideoJobs:
     # -- the worker --------------------------------------------------------------
 
     async def _run(self, job_id: str, prompt: str, params: dict[str, Any]) -> None:
+        # The job outlives the request that created it: a context of its own,
+        # so that request's client going away is neither the job's abort nor
+        # its abort reason (the task inherited the request's context).
+        set_abort_context(AbortContext())
         try:
             async with self._slots:
                 if not await self._call(self._store.start, job_id):

@@ -281,6 +281,12 @@ class _Session:
                                 "delta": output.text_delta,
                             }
                         )
+                        # A send to a client that keeps reading never waits,
+                        # nor does the next output of an engine that is
+                        # ahead: without this turn the reader, which hears a
+                        # hang-up, would wait until the whole response went
+                        # to a client that is gone (and other sessions too).
+                        await asyncio.sleep(0)
                     if output.finished:
                         final = output
             await self._finish(response_id, summary, final)
