@@ -138,6 +138,10 @@ def test_port_in_use(tmp_path: Path, busy_port: int) -> None:
         (("--port", "http"), "argument --port: invalid int value: 'http'"),
         (("--port", "70000"), "--port must be between 1 and 65535, not 70000"),
         (
+            ("--startup-timeout", "0"),
+            "argument --startup-timeout: must be a positive number",
+        ),
+        (
             ("--error-mode", "lenient"),
             "argument --error-mode: invalid choice: 'lenient' "
             "(choose from 'strict', 'legacy')",
@@ -169,6 +173,31 @@ def test_fault_that_cannot_be_built_fails_startup_in_one_line(tmp_path: Path) ->
         f"{PROG}{path}: invalid pipeline config at faults[0].args: "
         "vllm.exceptions:GenerationError cannot be built from args/kwargs (TypeError:"
     ), stderr[-3000:]
+
+
+def test_a_stage_not_ready_within_the_startup_timeout(tmp_path: Path) -> None:
+    """``--startup-timeout`` bounds the wait; the stage that was not ready is
+    named in one line (a remote stage whose worker never connects)."""
+    stages = [
+        {"id": 0, "name": "thinker", "kind": "text"},
+        {"id": 1, "name": "talker", "kind": "talker", "remote": True},
+    ]
+    path = _pipeline(tmp_path, {"model": "m", "stages": stages})
+    code, stderr, _ = _serve(
+        "--pipeline",
+        str(path),
+        "--port",
+        str(free_port()),
+        "--startup-timeout",
+        "1.5",
+        job_store=tmp_path / "j",
+    )
+    lines = [line for line in stderr.splitlines() if line.startswith(PROG)]
+    assert code == 1 and "Traceback" not in stderr, stderr[-3000:]
+    assert lines == [
+        f"{PROG}Stage 1 (talker) failed to start: not ready within 1.5 s "
+        "(no remote worker connected)"
+    ]
 
 
 _STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} "

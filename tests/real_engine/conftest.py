@@ -91,9 +91,9 @@ def _descendants(server: OmniServer) -> list[psutil.Process]:
 @contextlib.contextmanager
 def running_servers(servers: dict[str, OmniServer]) -> Iterator[dict[str, OmniServer]]:
     """Wait until every server is ready (they start in parallel), then stop
-    them all and kill every process they ever started: a stage killed while
-    its AsyncLLM starts leaves the EngineCore orphaned (reparented to init,
-    out of the server's tree), so the tree is sampled while waiting too."""
+    them all and kill every process they ever started (the tree is sampled
+    while waiting too): a drill that fails half-way must not leave an engine
+    behind for the next module, whatever the runtime's own clean-up did."""
     seen: dict[int, psutil.Process] = {}
 
     def sample() -> None:

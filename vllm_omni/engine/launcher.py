@@ -73,7 +73,16 @@ def _reap(children: set[int], events: Connection) -> None:
         if pid == 0:
             return
         children.discard(pid)
+        _end_group(pid)
         events.send(("exited", pid, os.waitstatus_to_exitcode(status)))
+
+
+def _end_group(pid: int) -> None:
+    """Kill what is left of a stage's process group: a stage that died
+    (killed, crashed, timed out starting) leaves its EngineCore orphaned
+    otherwise, re-parented to init and still holding memory."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
 
 
 def _spawn(spec: Any, closing: list[int], run: Any) -> int:
@@ -81,6 +90,10 @@ def _spawn(spec: Any, closing: list[int], run: Any) -> int:
     if pid == 0:
         code = 1
         try:
+            # Each stage leads a process group of its own, which the processes
+            # it starts (a vllm stage's EngineCore and model worker) join: a
+            # stage killed, or dead, takes them with it (_end_group).
+            os.setpgid(0, 0)
             for fd in closing:
                 os.close(fd)
             signal.set_wakeup_fd(-1)
@@ -89,6 +102,9 @@ def _spawn(spec: Any, closing: list[int], run: Any) -> int:
             run(spec)  # exits the process itself
         finally:
             os._exit(code)
+    # Here too, so the group exists before anyone learns the pid.
+    with contextlib.suppress(OSError):
+        os.setpgid(pid, pid)
     return pid
 
 
@@ -102,8 +118,7 @@ def _stop(children: set[int], events: Connection) -> None:
             _reap(children, events)
         time.sleep(0.02)
     for pid in children:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+        _end_group(pid)
 
 
 def main() -> int:

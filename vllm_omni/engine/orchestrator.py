@@ -373,14 +373,21 @@ class Orchestrator:
             async with asyncio.timeout(self._startup_timeout_s):
                 await asyncio.gather(*(h.ready for h in self._handles.values()))
         except TimeoutError:
+            # The timeout cancelled the ready futures it waited for: a stage
+            # that was ready has a result.
             waiting = [
-                str(h.config.id) for h in self._handles.values() if not h.ready.done()
+                h.config
+                for h in self._handles.values()
+                if h.ready.cancelled() or not h.ready.done()
             ]
             self.shutdown()
-            raise OmniServiceUnavailableError(
-                f"stages {', '.join(waiting)} did not become ready within "
-                f"{self._startup_timeout_s:g} s"
-            ) from None
+            cause = f"not ready within {self._startup_timeout_s:g} s"
+            if waiting[0].remote:
+                cause += " (no remote worker connected)"
+            if len(waiting) > 1:
+                others = ", ".join(str(stage.id) for stage in waiting[1:])
+                cause += f"; stages {others} were not ready either"
+            raise StageStartupError(waiting[0], cause) from None
         except BaseException:
             self.shutdown()
             raise

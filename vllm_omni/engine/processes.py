@@ -81,7 +81,11 @@ class StageProcess:
         self._signal(signal.SIGTERM)
 
     def kill(self) -> None:
-        self._signal(signal.SIGKILL)
+        """SIGKILL the stage and its process group (the launcher makes each
+        stage a group leader): what it started dies with it."""
+        if not self._exited.is_set():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
 
     def _signal(self, signum: int) -> None:
         if not self._exited.is_set():

@@ -58,6 +58,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("must be a positive number") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError("must be a positive number")
+    return value
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=_PROG,
@@ -89,6 +99,14 @@ def make_parser() -> argparse.ArgumentParser:
         help="requests in flight before new ones are refused with 503 "
         "QueueOverflowError and a Retry-After header (admission control; "
         "default: the engine's, 1024)",
+    )
+    parser.add_argument(
+        "--startup-timeout",
+        type=_positive_float,
+        default=None,
+        help="seconds every stage gets to be ready before the start fails "
+        "with the name of the stage that was not (default 120; a vllm stage "
+        "loads its model in that time)",
     )
     parser.add_argument(
         "--job-store",
@@ -172,9 +190,11 @@ async def _serve(args: argparse.Namespace) -> int:
     (which the stages do not need), then serve."""
     from vllm_omni.entrypoints.async_omni import AsyncOmni
 
-    limits: dict[str, int] = {}
+    limits: dict[str, float] = {}
     if args.max_num_queued_reqs is not None:
         limits["max_num_queued_reqs"] = args.max_num_queued_reqs
+    if args.startup_timeout is not None:
+        limits["startup_timeout_s"] = args.startup_timeout
     starting = asyncio.create_task(
         AsyncOmni.create(
             pipeline=args.pipeline,
