@@ -6,8 +6,8 @@ end, and the drill tests nothing). ``EnginePause`` stops the process that runs
 the model (``SIGSTOP``: the EngineCore's ``VLLM::Worker``, or the EngineCore
 itself without one) and lets it run in short steps until the client holds its
 first chunk: from then on the model is stopped with most of the response
-still to generate, whatever the load of the machine, because it only ever
-runs while the test waits for that chunk. The EngineCore itself keeps
+still to generate, whatever the load of the machine, because each step lets
+it run for a moment only. The EngineCore itself keeps
 running, so the outputs it already has reach the client (stopping it too
 left them stuck in its output thread while the steps went on).
 """
@@ -27,9 +27,24 @@ import psutil
 
 from tests.e2e.omni_server import OmniServer
 
-_STEP_S = 0.002
-_WAIT_S = 0.2
+_WAIT_S = 0.05
 _DEADLINE_S = 60.0
+
+
+def warm_up(server: OmniServer) -> None:
+    """One short stream through the whole path first: the first request's
+    one-time costs (imports, templates, detokenizer) would otherwise delay
+    the first chunk while the steps go on."""
+    stream = Stream(
+        server.base_url + "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "stream": True,
+            "max_tokens": 2,
+        },
+    )
+    stream.run()
+    assert (stream.status, stream.error) == (200, None), stream.error
 
 
 def engine_core_pid(server: OmniServer) -> int:
@@ -70,8 +85,11 @@ class EnginePause:
         self._signal(signal.SIGCONT)
 
     def step(self) -> None:
+        """Let the model run for a moment: ``SIGSTOP`` follows ``SIGCONT`` at
+        once. A sleep between them grows to tens of milliseconds when this
+        process waits for a core, and the tiny model finishes a response in
+        that time."""
         self.resume()
-        time.sleep(_STEP_S)
         self.stop()
 
     def until(self, event: threading.Event) -> None:

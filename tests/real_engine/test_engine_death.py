@@ -3,13 +3,22 @@ are in flight: the stream ends with one terminal error event, the plain
 request is a 500 naming the vllm stage, and the server exits 1 — unless
 ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH`` keeps it up with ``/health`` 503.
 
-Before the kill, both servers (LoRA off) answer a LoRA request with a 400.
+Before the kill, both servers (LoRA off) answer a LoRA request with a 400,
+and a client that hangs up mid-stream has its request aborted in the engine.
+
+These servers allow ``LONG_MODEL_LEN`` tokens: a response of thousands of
+tokens takes the tiny model seconds, longer than any client needs to act on
+its first chunk (at 112 tokens the whole stream could be generated before the
+first chunk reached the client, and the kill or hang-up landed after the end).
+The drills also hold the model's worker stopped from the first chunk on
+(``tests/real_engine/pause.py``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -26,15 +35,15 @@ from tests.real_engine.conftest import (
     running_servers,
     write_tiny_pipeline,
 )
-from tests.real_engine.pause import EnginePause, Stream
-from tests.real_engine.tiny_model import MAX_MODEL_LEN
+from tests.real_engine.pause import EnginePause, Stream, warm_up
+from tests.real_engine.tiny_model import LONG_MODEL_LEN
 
 pytestmark = pytest.mark.timeout(600)
 
 GENERIC = "The server had an error while processing your request."
 CHAT = "/v1/chat/completions"
 STAGE_ID = 1
-LONG = {"max_tokens": MAX_MODEL_LEN - 16}
+LONG = {"max_tokens": LONG_MODEL_LEN - 64}
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +53,12 @@ def servers(
     root = tmp_path_factory.mktemp("real-death")
 
     def pipeline(directory: Path) -> Path:
-        return write_tiny_pipeline(directory, tiny_model)
+        return write_tiny_pipeline(
+            directory,
+            tiny_model,
+            max_model_len=LONG_MODEL_LEN,
+            enable_log_requests=True,
+        )
 
     # One after the other: two engines starting at once on 2 cores can pass
     # the orchestrator's 120 s startup limit when the machine is busy.
@@ -87,16 +101,15 @@ def kill_engine_during_stream(server: OmniServer) -> tuple[list[str], httpx.Resp
             **LONG,
         },
     )
+    warm_up(server)
     with EnginePause(server) as pause:
         stream.start()
         pause.until(stream.first)  # the engine is now stopped, mid-stream
         # A step may have produced a few more chunks; the stream goes on.
         assert (stream.status, stream.error, stream.is_alive()) == (200, None, True)
-        at_first = len(stream.events)
         waiter.start()
         time.sleep(0.5)  # the plain request reaches the stopped engine
-        # Still mid-stream: nothing ran while the model was stopped.
-        assert (stream.is_alive(), len(stream.events)) == (True, at_first)
+        assert stream.is_alive()  # still mid-stream
         os.kill(pause.pid, signal.SIGKILL)
         pause.resume()  # the worker notices its EngineCore is gone
         stream.join(timeout=60)
@@ -143,6 +156,34 @@ def test_a_lora_request_without_lora_enabled_is_a_400(
     error = info.value.response.json()["error"]
     assert (error["code"], error["param"], error["stage_id"]) == (400, "lora", STAGE_ID)
     assert "some-adapter" not in error["message"]
+
+
+def test_client_disconnect_aborts_the_request_in_the_engine(
+    servers: dict[str, OmniServer],
+) -> None:
+    server = servers["exits"]
+    body = {
+        "model": "tiny-qwen2",
+        "messages": [{"role": "user", "content": "hello"}],
+        "stream": True,
+        **LONG,
+    }
+    # The engine is held at the first chunk, so the hang-up lands mid-stream.
+    stream = Stream(server.base_url + CHAT, body, hang_up=True)
+    warm_up(server)
+    with EnginePause(server) as pause:
+        stream.start()
+        pause.until(stream.first)
+        stream.join(timeout=30)
+        assert (stream.status, stream.error) == (200, None)
+        completion_id = json.loads(stream.events[0])["id"]
+        request_id = completion_id.removeprefix("chatcmpl-")
+        # AsyncLLM (enable_log_requests) logs the abort it received.
+        aborted = re.compile(rf"Request \S*{re.escape(request_id)}\S* aborted")
+        deadline = time.monotonic() + 20
+        while not aborted.search(server.log()):
+            assert time.monotonic() < deadline, server.log()[-3000:]
+            time.sleep(0.2)
 
 
 def test_sigkill_of_the_engine_core_fails_in_flight_and_exits_1(
