@@ -44,6 +44,12 @@ RAY_MARKERS: tuple[str, ...] = (
     "node_id",
     "ip=",
     "_StageActor",
+    # The request-time probe's failures (a stopped actor or GCS).
+    "GetTimeoutError",
+    "RpcError",
+    "Deadline Exceeded",
+    "GCS",
+    "gcs_server",
 )
 
 

@@ -87,14 +87,14 @@ async def test_each_stage_is_a_ray_actor(engines: dict[str, AsyncOmni]) -> None:
         "tcp://127.0.0.1:"
     )
     # The stage that answered Ready runs inside its actor's process (Ray
-    # titles it after the actor's running method).
+    # titles it after the actor class and the method it runs).
     titles = {
         stage_id: " ".join(psutil.Process(pid).cmdline())
         for stage_id, pid in engine.stage_pids().items()
         if pid is not None
     }
     assert sorted(titles) == [0, 1, 2]
-    assert all(t.startswith("ray::_StageActor.run") for t in titles.values()), titles
+    assert all(t.startswith("ray::_StageActor") for t in titles.values()), titles
     named = ray.util.list_named_actors(all_namespaces=True)
     namespace = engine._orchestrator._launcher.namespace  # type: ignore[union-attr]
     assert sorted(a["name"] for a in named if a["namespace"] == namespace) == [

@@ -88,9 +88,11 @@ RAY_FAILURES: Mapping[str, str] = {
 # What the request-time probe saw → who is unavailable ("stage": the pinged
 # stage; "cluster": every stage, for new requests) and why, as logged. None
 # of these is fatal by itself; a stage silent for heartbeat_timeout_s is.
+# A ping that fails fast (the actor died, or the connection to it broke:
+# ActorDiedError, ActorUnavailableError) is not silence: its run call's end
+# or the heartbeat decides whether the stage is dead.
 RAY_PROBE_FAILURES: Mapping[str, tuple[str, str]] = {
     "GetTimeoutError": ("stage", "its Ray actor did not answer its probe in time"),
-    "ActorUnavailableError": ("stage", "its Ray actor is unreachable for now"),
     "RpcError": ("cluster", "the Ray GCS did not answer in time"),
 }
 
@@ -252,6 +254,8 @@ class RayStageLauncher:
         import ray
 
         actor_class = ray.remote(concurrency_groups={_PROBE_GROUP: 1})(_StageActor)
+        # Where an operator finds them (ray list actors --filter namespace=...).
+        logger.info("stage actors: Ray namespace %s", self._namespace)
         for stage in pipeline.stages:
             options = _actor_options(stage, f"omni-stage-{stage.id}", self._namespace)
             self._actors[stage.id] = actor_class.options(**options).remote()
@@ -368,8 +372,10 @@ class _Probe:
     waited for, never sent again, so a stopped actor does not pile them up)
     and one GCS call, each bounded by ``timeout_s`` (``ray.get(...,
     timeout=...)``: ``GetTimeoutError``; the GCS client: ``RpcError``).
-    Changes are handed to the engine's loop; an actor that died is left to
-    its ``run`` call's waiter, which reports the death.
+    Changes are handed to the engine's loop. Only a ping that times out
+    makes a stage silent; one that fails otherwise (the actor died, or the
+    connection to it broke) is left to its ``run`` call's waiter and the
+    heartbeat, which decide whether the stage is dead.
     """
 
     def __init__(
@@ -448,14 +454,11 @@ class _Probe:
             try:
                 ray.get(ping, timeout=left)
             except Exception as exc:
-                if _probe_outcome(exc) != "stage":
-                    # Dead: its run call's waiter reports that (fatal).
-                    self._pending.pop(stage_id)
-                    self._actors.pop(stage_id)
+                if _probe_outcome(exc) == "stage":
+                    self._changed(stage_id, False, exc)  # still waited for
                     continue
-                if type(exc).__name__ != "GetTimeoutError":
-                    self._pending.pop(stage_id)  # ping again next round
-                self._changed(stage_id, False, exc)
+                self._pending.pop(stage_id)  # ping again next round
+                logger.debug("stage %d probe: %s", stage_id, type(exc).__name__)
                 continue
             self._pending.pop(stage_id)
             self._changed(stage_id, True, None)
