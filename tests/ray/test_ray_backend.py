@@ -196,8 +196,13 @@ async def test_placement_that_cannot_happen_is_a_startup_error(
     assert [a for a in named if a["namespace"] == namespace] == []
 
 
-def test_offline_omni_runs_on_ray(local_ray: None) -> None:
-    """``Omni`` takes the same backend arguments (on its own loop thread)."""
+def test_offline_omni_runs_on_ray_until_a_stage_stays_silent(
+    local_ray: None,
+) -> None:
+    """``Omni`` takes the same backend arguments (on its own loop thread).
+    Then its one stage's worker is stopped for good: the request in flight
+    gets 504, the next one 503, and past the heartbeat timeout the engine is
+    dead with that stage's id (last: it kills this engine)."""
     pipeline = pipeline_from_mapping(
         {
             "model": "omni-offline",
@@ -205,7 +210,13 @@ def test_offline_omni_runs_on_ray(local_ray: None) -> None:
             "faults": [{"stage": 0, "marker": "@boom", "action": "raise"}],
         }
     )
-    with Omni(pipeline, worker_backend="ray") as omni:
+    with Omni(
+        pipeline,
+        worker_backend="ray",
+        heartbeat_timeout_s=3,
+        ray_probe_interval_s=0.25,
+        ray_probe_timeout_s=0.5,
+    ) as omni:
         assert omni.engine.worker_backend == "ray"
         assert omni.generate("offline hello").text == "You said: offline hello"
         with pytest.raises(OmniEngineGenerateError) as caught:
@@ -215,6 +226,23 @@ def test_offline_omni_runs_on_ray(local_ray: None) -> None:
             500,
             0,
         )
+        with stopped(ping(_actor(omni.engine, 0))):
+            # Sent within milliseconds of the stop: the probe needs 0.5 s.
+            with pytest.raises(OmniStageTimeoutError) as timed_out:
+                omni.generate("in flight")
+            with pytest.raises(OmniServiceUnavailableError) as refused:
+                omni.generate("refused")
+            deadline = time.monotonic() + 10
+            while not omni.engine.errored:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            with pytest.raises(OmniEngineDeadError) as dead:
+                omni.generate("after")
+    assert [
+        (e.details.status_code, e.details.stage_id, e.details.fatal)  # type: ignore[union-attr]
+        for e in (timed_out.value, refused.value, dead.value)
+    ] == [(504, 0, False), (503, 0, False), (500, 0, True)]
+    assert dead.value.reason == "stage heartbeat lost"
 
 
 async def _refused(engine: AsyncOmni, request_id: str, modalities: list[str]) -> bool:
