@@ -418,8 +418,13 @@ class _Probe:
 
         gcs = internal_kv_get_gcs_client()
         while not self._stopping.wait(self._interval_s):
-            self._probe_cluster(gcs)
-            self._probe_stages()
+            try:
+                self._probe_cluster(gcs)
+                self._probe_stages()
+            except Exception:
+                # A round that could not even ask (Ray shutting down under
+                # it): the next round asks again, or stop() ends the thread.
+                logger.debug("Ray probe round failed", exc_info=True)
 
     def _probe_cluster(self, gcs: Any) -> None:
         try:
