@@ -118,7 +118,8 @@ class _StageActor:
     and answers the launcher's probe meanwhile."""
 
     def ping(self) -> int:
-        """Liveness, answered from the probe's own thread: the process id."""
+        """Liveness, run in the actor's probe group (its own thread, beside
+        ``run``): this worker's process id."""
         return os.getpid()
 
     def run(self, spec: WorkerSpec) -> int:
@@ -459,7 +460,8 @@ class _Probe:
             try:
                 ray.get(ping, timeout=left)
             except Exception as exc:
-                if _probe_outcome(exc) == "stage":
+                row = _probe_row(exc)
+                if row is not None and row[0] == "stage":
                     self._changed(stage_id, False, exc)  # still waited for
                     continue
                 self._pending.pop(stage_id)  # ping again next round
@@ -483,20 +485,19 @@ class _Probe:
         self._report(self._hooks.answering, stage_id, answering)
 
 
-def _probe_outcome(exc: BaseException) -> str | None:
+def _probe_row(exc: BaseException) -> tuple[str, str] | None:
+    """The ``RAY_PROBE_FAILURES`` row of a probe's exception, if any."""
     for cls in type(exc).__mro__:
         row = RAY_PROBE_FAILURES.get(cls.__name__)
         if row is not None:
-            return row[0]
+            return row
     return None
 
 
 def _probe_reason(exc: BaseException) -> str:
-    for cls in type(exc).__mro__:
-        row = RAY_PROBE_FAILURES.get(cls.__name__)
-        if row is not None:
-            return f"{row[1]} ({type(exc).__name__})"
-    return f"its Ray probe failed ({type(exc).__name__})"
+    row = _probe_row(exc)
+    what = row[1] if row is not None else "its Ray probe failed"
+    return f"{what} ({type(exc).__name__})"
 
 
 def _first_line(exc: BaseException) -> str:
