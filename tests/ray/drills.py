@@ -18,8 +18,10 @@ FAST_FAILURE_DETECTION: dict[str, Any] = {
 }
 
 # The request-time probe, fast: a stopped actor or GCS is noticed within about
-# a second, far inside the 10 s heartbeat after which a stage is dead.
-FAST_PROBE: dict[str, float] = {"probe_interval_s": 0.25, "probe_timeout_s": 1.0}
+# two seconds, far inside the 10 s heartbeat after which a stage is dead, yet
+# slower than a loaded host's slowest healthy ping and than Ray's detection of
+# a lost node (FAST_FAILURE_DETECTION, ~0.6 s), which must stay a death.
+FAST_PROBE: dict[str, float] = {"probe_interval_s": 0.25, "probe_timeout_s": 1.5}
 
 FAULTS: list[dict[str, Any]] = [
     {"stage": 0, "marker": "@boom", "action": "raise"},
