@@ -40,6 +40,9 @@ Running the stages as Ray actors (``worker_backend: ray``; the engine's
     worker_backend: ray           # multi_process (default) | ray
     ray_address: 10.0.0.1:6379    # join this cluster; absent: a local instance
     stage_init_timeout_s: 120     # placement + actor start, per stage
+    ray:                          # the request-time probe of actors and GCS
+      probe_interval_s: 1         # how often
+      probe_timeout_s: 2          # a stage or the GCS silent this long: 504/503
     stages:
       - {id: 1, kind: text, ray: {num_cpus: 1, num_gpus: 1,
                                   resources: {big_node: 1},
@@ -60,6 +63,8 @@ import yaml
 
 __all__ = [
     "BUILTIN_PIPELINES",
+    "DEFAULT_RAY_PROBE_INTERVAL_S",
+    "DEFAULT_RAY_PROBE_TIMEOUT_S",
     "FaultConfig",
     "PipelineConfig",
     "PipelineConfigError",
@@ -97,8 +102,15 @@ _TOP_KEYS = {
     "worker_backend",
     "ray_address",
     "stage_init_timeout_s",
+    "ray",
 }
 _RAY_KEYS = {"num_cpus", "num_gpus", "resources", "label_selector"}
+_RAY_PROBE_KEYS = {"probe_interval_s", "probe_timeout_s"}
+# The Ray backend's request-time probe: often enough that a silent stage fails
+# its requests within seconds, with a deadline far above a healthy ping
+# (about a millisecond) so that a loaded host does not pass for a stall.
+DEFAULT_RAY_PROBE_INTERVAL_S = 1.0
+DEFAULT_RAY_PROBE_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +171,8 @@ class PipelineConfig:
     worker_backend: WorkerBackend = "multi_process"
     ray_address: str | None = None
     stage_init_timeout_s: float = 120.0
+    ray_probe_interval_s: float = DEFAULT_RAY_PROBE_INTERVAL_S
+    ray_probe_timeout_s: float = DEFAULT_RAY_PROBE_TIMEOUT_S
 
     def stage(self, stage_id: int) -> StageConfig:
         for stage in self.stages:
@@ -230,6 +244,21 @@ def _ray_options(raw: object, where: str) -> RayStageOptions:
         resources={k: float(v) for k, v in resources.items()},
         label_selector=dict(labels),
     )
+
+
+def _ray_probe(raw: object) -> tuple[float, float]:
+    """The top-level ``ray:`` keys: the probe's interval and timeout."""
+    if not isinstance(raw, Mapping):
+        _reject("ray must be a mapping", "ray")
+    _check_keys(raw, _RAY_PROBE_KEYS, "ray")
+    values = {
+        "probe_interval_s": raw.get("probe_interval_s", DEFAULT_RAY_PROBE_INTERVAL_S),
+        "probe_timeout_s": raw.get("probe_timeout_s", DEFAULT_RAY_PROBE_TIMEOUT_S),
+    }
+    for key, value in values.items():
+        if not _is_number(value) or value <= 0:
+            _reject(f"{key} must be a positive number", f"ray.{key}")
+    return float(values["probe_interval_s"]), float(values["probe_timeout_s"])
 
 
 def _stage(raw: object, index: int) -> StageConfig:
@@ -388,6 +417,7 @@ def _from_mapping(data: object, *, source: str, build_faults: bool) -> PipelineC
         _reject(
             "stage_init_timeout_s must be a positive number", "stage_init_timeout_s"
         )
+    probe_interval, probe_timeout = _ray_probe(data.get("ray", {}))
     return PipelineConfig(
         model=model,
         stages=stages,
@@ -397,6 +427,8 @@ def _from_mapping(data: object, *, source: str, build_faults: bool) -> PipelineC
         worker_backend=cast(WorkerBackend, backend),
         ray_address=ray_address,
         stage_init_timeout_s=float(init_timeout),
+        ray_probe_interval_s=probe_interval,
+        ray_probe_timeout_s=probe_timeout,
     )
 
 

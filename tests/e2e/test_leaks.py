@@ -44,6 +44,12 @@ RAY_MARKERS: tuple[str, ...] = (
     "node_id",
     "ip=",
     "_StageActor",
+    # The request-time probe's failures (a stopped actor or GCS).
+    "GetTimeoutError",
+    "RpcError",
+    "Deadline Exceeded",
+    "GCS",
+    "gcs_server",
 )
 
 
@@ -194,4 +200,25 @@ def test_planted_ray_leak_is_found() -> None:
         "_StageActor",
         "10.0.0.7:6379",
         node,
+    ]
+
+
+def test_planted_ray_probe_leak_is_found() -> None:
+    """A body echoing the request-time probe's failures is caught: the
+    timed-out ping and the GCS call that missed its deadline."""
+    planted = json.dumps(
+        {
+            "error": {
+                "message": "GetTimeoutError: Get timed out; RpcError: RPC error: "
+                "Deadline Exceeded (GCS at 10.0.0.7:6379, gcs_server)"
+            }
+        }
+    )
+    assert find_ray_leaks(planted, "10.0.0.7:6379", []) == [
+        "GetTimeoutError",
+        "RpcError",
+        "Deadline Exceeded",
+        "GCS",
+        "gcs_server",
+        "10.0.0.7:6379",
     ]

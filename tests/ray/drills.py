@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
 from typing import Any
 
 # Detect a lost node within about a second (Ray's defaults take ~15 s); the
@@ -12,6 +16,12 @@ FAST_FAILURE_DETECTION: dict[str, Any] = {
     "health_check_timeout_ms": 300,
     "health_check_failure_threshold": 2,
 }
+
+# The request-time probe, fast: a stopped actor or GCS is noticed within about
+# two seconds, far inside the 10 s heartbeat after which a stage is dead, yet
+# slower than a loaded host's slowest healthy ping and than Ray's detection of
+# a lost node (FAST_FAILURE_DETECTION, ~0.6 s), which must stay a death.
+FAST_PROBE: dict[str, float] = {"probe_interval_s": 0.25, "probe_timeout_s": 1.5}
 
 FAULTS: list[dict[str, Any]] = [
     {"stage": 0, "marker": "@boom", "action": "raise"},
@@ -82,4 +92,24 @@ def drill_pipeline(
             },
         ],
         "faults": FAULTS,
+        "ray": FAST_PROBE,
     }
+
+
+def ping(actor: Any) -> int:
+    """The process id of a stage actor's worker, asked through the probe's
+    own method (``run`` holds the actor's default group)."""
+    import ray
+
+    pid = actor.ping.options(concurrency_group="probe").remote()
+    return int(ray.get(pid, timeout=10))
+
+
+@contextlib.contextmanager
+def stopped(pid: int) -> Iterator[None]:
+    """SIGSTOP a process for the block; SIGCONT whatever happens in it."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)

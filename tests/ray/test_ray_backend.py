@@ -2,16 +2,18 @@
 
 One Ray instance (127.0.0.1) and one Ray engine per module. The same pipeline
 also runs on ``multi_process`` so a stage's record can be compared field by
-field across backends. Drills: a stage raising client and server errors, an
-actor killed with ``ray.kill`` (last: it kills the engine), placement that
-cannot be satisfied, and the promise that the default backend never imports
-Ray.
+field across backends. Drills: a stage raising client and server errors, a
+stage actor's worker stopped (SIGSTOP) and the instance's GCS stopped at
+request time, an actor killed with ``ray.kill`` (last: it kills the engine),
+placement that cannot be satisfied, and the promise that the default backend
+never imports Ray.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import subprocess
 import sys
 import time
@@ -22,8 +24,8 @@ import pytest
 import pytest_asyncio
 import ray
 
-from tests.engine.engines import collect
-from tests.ray.drills import FAST_FAILURE_DETECTION, drill_pipeline
+from tests.engine.engines import collect, stage_active, wait_for
+from tests.ray.drills import FAST_FAILURE_DETECTION, drill_pipeline, ping, stopped
 from vllm_omni.config import pipeline_from_mapping
 from vllm_omni.engine.orchestrator import StageStartupError
 from vllm_omni.entrypoints.async_omni import AsyncOmni
@@ -32,6 +34,8 @@ from vllm_omni.errors import (
     EngineDeadError,
     OmniEngineDeadError,
     OmniEngineGenerateError,
+    OmniServiceUnavailableError,
+    OmniStageTimeoutError,
     RemoteOmniServiceUnavailableError,
     RemoteVLLMNotFoundError,
     RemoteVLLMValidationError,
@@ -83,14 +87,14 @@ async def test_each_stage_is_a_ray_actor(engines: dict[str, AsyncOmni]) -> None:
         "tcp://127.0.0.1:"
     )
     # The stage that answered Ready runs inside its actor's process (Ray
-    # titles it after the actor's running method).
+    # titles it after the actor class and the method it runs).
     titles = {
         stage_id: " ".join(psutil.Process(pid).cmdline())
         for stage_id, pid in engine.stage_pids().items()
         if pid is not None
     }
     assert sorted(titles) == [0, 1, 2]
-    assert all(t.startswith("ray::_StageActor.run") for t in titles.values()), titles
+    assert all(t.startswith("ray::_StageActor") for t in titles.values()), titles
     named = ray.util.list_named_actors(all_namespaces=True)
     namespace = engine._orchestrator._launcher.namespace  # type: ignore[union-attr]
     assert sorted(a["name"] for a in named if a["namespace"] == namespace) == [
@@ -192,8 +196,13 @@ async def test_placement_that_cannot_happen_is_a_startup_error(
     assert [a for a in named if a["namespace"] == namespace] == []
 
 
-def test_offline_omni_runs_on_ray(local_ray: None) -> None:
-    """``Omni`` takes the same backend arguments (on its own loop thread)."""
+def test_offline_omni_runs_on_ray_until_a_stage_stays_silent(
+    local_ray: None,
+) -> None:
+    """``Omni`` takes the same backend arguments (on its own loop thread).
+    Then its one stage's worker is stopped for good: the request in flight
+    gets 504, the next one 503, and past the heartbeat timeout the engine is
+    dead with that stage's id (last: it kills this engine)."""
     pipeline = pipeline_from_mapping(
         {
             "model": "omni-offline",
@@ -201,7 +210,13 @@ def test_offline_omni_runs_on_ray(local_ray: None) -> None:
             "faults": [{"stage": 0, "marker": "@boom", "action": "raise"}],
         }
     )
-    with Omni(pipeline, worker_backend="ray") as omni:
+    with Omni(
+        pipeline,
+        worker_backend="ray",
+        heartbeat_timeout_s=4,
+        ray_probe_interval_s=0.25,
+        ray_probe_timeout_s=1,
+    ) as omni:
         assert omni.engine.worker_backend == "ray"
         assert omni.generate("offline hello").text == "You said: offline hello"
         with pytest.raises(OmniEngineGenerateError) as caught:
@@ -211,6 +226,122 @@ def test_offline_omni_runs_on_ray(local_ray: None) -> None:
             500,
             0,
         )
+        with stopped(ping(_actor(omni.engine, 0))):
+            # Sent within milliseconds of the stop: the probe needs 1 s.
+            with pytest.raises(OmniStageTimeoutError) as timed_out:
+                omni.generate("in flight")
+            with pytest.raises(OmniServiceUnavailableError) as refused:
+                omni.generate("refused")
+            deadline = time.monotonic() + 10
+            while not omni.engine.errored:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            with pytest.raises(OmniEngineDeadError) as dead:
+                omni.generate("after")
+    assert [
+        (e.details.status_code, e.details.stage_id, e.details.fatal)  # type: ignore[union-attr]
+        for e in (timed_out.value, refused.value, dead.value)
+    ] == [(504, 0, False), (503, 0, False), (500, 0, True)]
+    assert dead.value.reason == "stage heartbeat lost"
+
+
+async def _refused(engine: AsyncOmni, request_id: str, modalities: list[str]) -> bool:
+    try:
+        await collect(engine, "anyone?", request_id=request_id, modalities=modalities)
+    except OmniServiceUnavailableError:
+        return True
+    return False
+
+
+async def test_a_silent_stage_times_out_its_requests_and_refuses_new_ones(
+    engines: dict[str, AsyncOmni],
+) -> None:
+    engine = engines["ray"]
+    talker = await asyncio.to_thread(ping, _actor(engine, 1))
+    assert talker == engine.stage_pids()[1] != os.getpid()
+    at_talker = asyncio.create_task(
+        collect(engine, "hi @talkhang", request_id="s1", modalities=["audio"])
+    )
+    await wait_for(lambda: stage_active(engine, 1, "s1"))
+    with stopped(talker):
+        with pytest.raises(OmniStageTimeoutError) as timed_out:
+            await asyncio.wait_for(at_talker, timeout=8)
+        with pytest.raises(OmniServiceUnavailableError) as refused:
+            await collect(engine, "more", request_id="s2", modalities=["audio"])
+        # A request that does not need the silent stage is served.
+        text = await collect(engine, "just text", request_id="s3")
+        assert text[-1].text == "You said: just text"
+    for error, status, error_type in (
+        (timed_out.value, 504, "GatewayTimeoutError"),
+        (refused.value, 503, "ServiceUnavailableError"),
+    ):
+        assert error.details is not None
+        assert (
+            error.details.status_code,
+            error.details.error_type,
+            error.details.stage_id,
+            error.details.fatal,
+        ) == (status, error_type, 1, False)
+    assert timed_out.value.details.message == "Stage 1 (talker) stopped answering."
+    assert refused.value.details.message == (
+        "Stage 1 (talker) is not answering; retry later."
+    )
+    # Aborted in every stage: the talker drops it once it runs again.
+    await wait_for(lambda: _not_active(engine, 1, "s1"), timeout_s=10)
+    await wait_for(lambda: _served(engine, "s4", ["audio"]), timeout_s=10)
+    assert engine.is_running and not engine.errored
+
+
+async def _not_active(engine: AsyncOmni, stage_id: int, request_id: str) -> bool:
+    return not await stage_active(engine, stage_id, request_id)
+
+
+async def _served(engine: AsyncOmni, request_id: str, modalities: list[str]) -> bool:
+    try:
+        outputs = await collect(
+            engine, "back", request_id=request_id, modalities=modalities
+        )
+    except OmniServiceUnavailableError:
+        await asyncio.sleep(0.2)
+        return False
+    return outputs[-1].finished and outputs[-1].finish_reason == "stop"
+
+
+def _gcs_server() -> psutil.Process:
+    """The GCS of this module's Ray instance (a child of this process)."""
+    return next(
+        p for p in psutil.Process().children(recursive=True) if p.name() == "gcs_server"
+    )
+
+
+async def test_an_unreachable_cluster_refuses_new_requests_only(
+    engines: dict[str, AsyncOmni],
+) -> None:
+    engine = engines["ray"]
+    admitted = engine.generate(
+        "before the outage", request_id="g1", modalities=["text", "audio"]
+    )
+    first = await anext(admitted)  # the thinker's first token; talker not asked yet
+    assert first.text_delta == "You"
+    with stopped(_gcs_server().pid):
+        await wait_for(lambda: _refused(engine, "g2", ["text"]), timeout_s=8)
+        with pytest.raises(OmniServiceUnavailableError) as refused:
+            await collect(engine, "during", request_id="g3", modalities=["audio"])
+        # The admitted request goes on to the talker and vocoder over the wire.
+        rest = [output async for output in admitted]
+    assert rest[-1].text == "You said: before the outage"
+    assert rest[-1].audio and rest[-1].audio[:4] == b"RIFF"
+    details = refused.value.details
+    assert details is not None
+    # The stage it would have started at: an audio request starts at the talker.
+    assert (details.status_code, details.error_type, details.stage_id) == (
+        503,
+        "ServiceUnavailableError",
+        1,
+    )
+    assert details.message == "Stage 1 (talker) cannot be reached; retry later."
+    await wait_for(lambda: _served(engine, "g4", ["text"]), timeout_s=10)
+    assert engine.is_running and not engine.errored
 
 
 async def test_killed_actor_fails_every_in_flight_request(

@@ -12,6 +12,7 @@ from ray.exceptions import (
     ActorUnavailableError,
     NodeDiedError,
     OutOfMemoryError,
+    RaySystemError,
     RayTaskError,
 )
 
@@ -33,6 +34,7 @@ def test_ray_keys_are_read() -> None:
             worker_backend="ray",
             ray_address="127.0.0.1:6379",
             stage_init_timeout_s=5,
+            ray={"probe_interval_s": 0.5, "probe_timeout_s": 3},
             stage={
                 "ray": {
                     "num_cpus": 1,
@@ -48,6 +50,7 @@ def test_ray_keys_are_read() -> None:
         pipeline.ray_address,
         pipeline.stage_init_timeout_s,
     ) == ("ray", "127.0.0.1:6379", 5.0)
+    assert (pipeline.ray_probe_interval_s, pipeline.ray_probe_timeout_s) == (0.5, 3.0)
     assert pipeline.stages[0].ray == RayStageOptions(
         num_cpus=1.0,
         num_gpus=0.5,
@@ -60,6 +63,7 @@ def test_defaults_are_local_processes() -> None:
     pipeline = pipeline_from_mapping(_doc())
     assert (pipeline.worker_backend, pipeline.ray_address) == ("multi_process", None)
     assert pipeline.stages[0].ray == RayStageOptions()
+    assert (pipeline.ray_probe_interval_s, pipeline.ray_probe_timeout_s) == (1.0, 2.0)
 
 
 @pytest.mark.parametrize(
@@ -69,6 +73,13 @@ def test_defaults_are_local_processes() -> None:
         ({"ray_address": ""}, "ray_address"),
         ({"stage_init_timeout_s": 0}, "stage_init_timeout_s"),
         ({"stage_init_timeout_s": True}, "stage_init_timeout_s"),
+        ({"ray": []}, "ray"),
+        ({"ray": {"interval_s": 1}}, "ray.interval_s"),
+        ({"ray": {"num_cpus": 1}}, "ray.num_cpus"),
+        ({"ray": {"probe_interval_s": 0}}, "ray.probe_interval_s"),
+        ({"ray": {"probe_timeout_s": -1}}, "ray.probe_timeout_s"),
+        ({"ray": {"probe_timeout_s": "2"}}, "ray.probe_timeout_s"),
+        ({"ray": {"probe_timeout_s": True}}, "ray.probe_timeout_s"),
         ({"stage": {"ray": []}}, "stages[0].ray"),
         ({"stage": {"ray": {"cpus": 1}}}, "stages[0].ray.cpus"),
         ({"stage": {"ray": {"num_cpus": -1}}}, "stages[0].ray.num_cpus"),
@@ -96,6 +107,40 @@ def test_engine_arguments_override_the_pipeline() -> None:
     with pytest.raises(VLLMValidationError) as caught:
         AsyncOmni(pipeline, worker_backend="dask")  # type: ignore[arg-type]
     assert caught.value.parameter == "worker_backend"
+
+
+def _probe_of(engine: AsyncOmni) -> tuple[float, float]:
+    launcher = engine._orchestrator._launcher
+    return launcher._probe_interval_s, launcher._probe_timeout_s  # type: ignore[union-attr]
+
+
+def test_probe_settings_come_from_the_arguments_else_the_pipeline() -> None:
+    pipeline = pipeline_from_mapping(
+        _doc(worker_backend="ray", ray={"probe_interval_s": 0.5, "probe_timeout_s": 3})
+    )
+    assert _probe_of(AsyncOmni(pipeline)) == (0.5, 3.0)
+    assert _probe_of(
+        AsyncOmni(pipeline, ray_probe_interval_s=2, ray_probe_timeout_s=4)
+    ) == (2.0, 4.0)
+
+
+@pytest.mark.parametrize(
+    ("ray_keys", "kwargs", "parameter"),
+    [
+        ({}, {"ray_probe_interval_s": 0}, "ray_probe_interval_s"),
+        ({}, {"ray_probe_timeout_s": True}, "ray_probe_timeout_s"),
+        # The heartbeat would declare the stage dead before its probe noticed.
+        ({}, {"ray_probe_timeout_s": 10}, "ray_probe_timeout_s"),
+        ({"probe_timeout_s": 5}, {"heartbeat_timeout_s": 5}, "ray.probe_timeout_s"),
+    ],
+)
+def test_bad_probe_settings_name_where_they_came_from(
+    ray_keys: dict[str, Any], kwargs: dict[str, Any], parameter: str
+) -> None:
+    pipeline = pipeline_from_mapping(_doc(worker_backend="ray", ray=ray_keys))
+    with pytest.raises(VLLMValidationError) as caught:
+        AsyncOmni(pipeline, **kwargs)
+    assert caught.value.parameter == parameter
 
 
 def test_serve_flags() -> None:
@@ -145,6 +190,11 @@ def _task_error() -> BaseException:
             _task_error(),
             None,
             "the stage actor raised outside any request (RayTaskError(ValueError))",
+        ),
+        (
+            RaySystemError("node 10.0.0.7 lost"),
+            None,
+            "its Ray run call failed with a system error (RaySystemError)",
         ),
         (KeyError("x"), None, "its Ray actor failed (KeyError)"),
         (None, 0, "stage actor exited with code 0 (its Ray node was lost)"),

@@ -33,7 +33,18 @@ into results or exceptions:
 
 Stages run as local processes unless a ``StageLauncher`` is given (the Ray
 backend, ``ray_backend.py``): it then starts the stages, over ``tcp://``,
-and reports their exits; this module only marks the engine dead.
+and reports their exits (this module only marks the engine dead) and what
+its probes see at request time (``LauncherHooks``):
+
+- a stage that stops answering its probe fails the requests in flight at
+  that stage with ``OmniStageTimeoutError`` (504, its ``stage_id``), aborted
+  in every stage, and every request that needs it (new, or moving on to it)
+  is refused with ``OmniServiceUnavailableError`` (503, its ``stage_id``,
+  retryable) until it answers again; silent for ``heartbeat_timeout_s``, it
+  is dead as a remote stage is;
+- a control plane that does not answer (Ray's GCS) refuses new requests with
+  that 503 and the ``stage_id`` of their first stage, while requests already
+  admitted go on over the wire, which does not need it.
 
 It must not classify exceptions (stages normalize, ``to_exception``
 rebuilds) and must not render anything for a transport.
@@ -90,6 +101,7 @@ from vllm_omni.outputs import DiffusionOutput, OmniRequestOutput
 __all__ = [
     "DEFAULT_MAX_NUM_QUEUED_REQS",
     "MODALITIES",
+    "LauncherHooks",
     "Orchestrator",
     "StageLauncher",
     "StageStartupError",
@@ -141,13 +153,29 @@ def _stage_log_settings() -> tuple[int, bool]:
     return level, True
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class LauncherHooks:
+    """What a launcher reports to the orchestrator, always on its loop.
+
+    ``exited(stage_id, reason)``: the stage stopped for good (the
+    orchestrator decides whether that is a death). ``answering(stage_id,
+    ok)``: the stage's liveness probe failed (``False``) or answered again
+    (``True``). ``reachable(ok)``: the same for the backend's control plane.
+    The probes report changes only; ``reason`` goes to the log, never to a
+    client.
+    """
+
+    exited: Callable[[int, str], None]
+    answering: Callable[[int, bool], None]
+    reachable: Callable[[bool], None]
+
+
 class StageLauncher(Protocol):
     """A worker backend beside local processes: starts stages elsewhere.
 
     ``prepare`` connects to the backend and returns the host stages reach the
     orchestrator at; ``launch`` starts every stage against ``address`` and
-    calls ``on_exit(stage_id, reason)`` when one stops for good (the
-    orchestrator decides whether that is a death); ``stop`` releases it all.
+    reports through ``hooks`` until ``stop``, which releases it all.
     """
 
     def prepare(self) -> str: ...
@@ -156,7 +184,7 @@ class StageLauncher(Protocol):
         self,
         pipeline: PipelineConfig,
         address: str,
-        on_exit: Callable[[int, str], None],
+        hooks: LauncherHooks,
     ) -> None: ...
 
     def stop(self, timeout_s: float) -> None: ...
@@ -179,6 +207,8 @@ class _StageHandle:
         self.ready: asyncio.Future[m.Ready] = loop.create_future()
         self.pid: int | None = None
         self.last_seen = loop.time()
+        # The launcher's probe got no answer: requests for it are refused.
+        self.silent = False
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -299,6 +329,8 @@ class Orchestrator:
         self._call_ids = itertools.count(1)
         self._tasks: list[asyncio.Task[None]] = []
         self._dead: OmniEngineDeadError | None = None
+        # The launcher's control plane does not answer: admission refuses.
+        self._unreachable = False
         self._started = False
         self._closed = False
         self._finalizer: weakref.finalize | None = None
@@ -356,7 +388,13 @@ class Orchestrator:
                 await asyncio.to_thread(self._spawn_local)
             else:
                 await self._launcher.launch(
-                    self.pipeline, self.address, self._on_stage_exit
+                    self.pipeline,
+                    self.address,
+                    LauncherHooks(
+                        exited=self._on_stage_exit,
+                        answering=self._on_stage_answering,
+                        reachable=self._on_reachable,
+                    ),
                 )
             self._tasks.append(asyncio.create_task(self._watch(), name="omni-watch"))
             for handle in self._handles.values():
@@ -622,6 +660,57 @@ class Orchestrator:
 
         self._tasks.append(asyncio.create_task(mark(), name=f"omni-exit-{stage_id}"))
 
+    def _on_stage_answering(self, stage_id: int, answering: bool) -> None:
+        """A launched stage's probe changed: see the module docstring."""
+        handle = self._handles[stage_id]
+        if handle.silent is not answering or self._closed:
+            return
+        handle.silent = not answering
+        name = handle.config.name
+        if answering:
+            logger.info("stage %d (%s) answers again: admitting", stage_id, name)
+            return
+        stuck = [
+            r
+            for r in self._requests.values()
+            if not r.closed and r.stage is not None and r.stage.id == stage_id
+        ]
+        logger.warning(
+            "stage %d (%s) does not answer: %d request(s) in flight there fail "
+            "with 504, new ones for it are refused with 503",
+            stage_id,
+            name,
+            len(stuck),
+        )
+        for request in stuck:
+            self._close(
+                request,
+                OmniStageTimeoutError(
+                    f"Stage {stage_id} ({name}) stopped answering.", stage_id=stage_id
+                ),
+            )
+            self._abort_everywhere(request, "timeout")
+
+    def _on_reachable(self, reachable: bool) -> None:
+        """The launcher's control plane changed: see the module docstring."""
+        if self._unreachable is not reachable:
+            return
+        self._unreachable = not reachable
+        if reachable:
+            logger.info("the stages' cluster answers again: admitting")
+        else:
+            logger.warning(
+                "the stages' cluster does not answer: new requests are refused "
+                "with 503, admitted ones go on"
+            )
+
+    def _check_answering(self, stage: StageConfig) -> None:
+        if self._handles[stage.id].silent:
+            raise OmniServiceUnavailableError(
+                f"Stage {stage.id} ({stage.name}) is not answering; retry later.",
+                stage_id=stage.id,
+            )
+
     def _dead_error_for(self, request_id: str | None) -> OmniEngineDeadError:
         """A fresh dead error for one request (each raise gets its own)."""
         assert self._dead is not None
@@ -733,6 +822,14 @@ class Orchestrator:
             )
         if request_id in self._requests:
             raise OmniConflictError("A request with this id is already in flight.")
+        if self._unreachable:
+            first = route[0]
+            raise OmniServiceUnavailableError(
+                f"Stage {first.id} ({first.name}) cannot be reached; retry later.",
+                stage_id=first.id,
+            )
+        for stage in route:
+            self._check_answering(stage)
         if len(self._requests) >= self.max_num_queued_reqs:
             ADMISSION_REJECTIONS_TOTAL.labels("max_num_queued_reqs", ENGINE_WIDE).inc()
             logger.debug(
@@ -828,7 +925,17 @@ class Orchestrator:
 
     def _submit(self, request: _Request, stage: StageConfig, submit: m.Submit) -> None:
         self._check_serving(request.wire_id)
-        self._admit(request, stage)
+        try:
+            self._check_answering(stage)
+            self._admit(request, stage)
+        except Exception:
+            if request.stage is not None:
+                # Refused mid-route (a full or silent stage): nothing may stay
+                # behind in the stages it went through. Not an abort anyone
+                # asked for: uncounted.
+                request.closed = True
+                self._abort_everywhere(request, None)
+            raise
         request.stage = stage
         if stage.timeout_s is not None:
             loop = asyncio.get_running_loop()
@@ -852,11 +959,6 @@ class Orchestrator:
                 self._stage_load[stage.id],
                 limit,
             )
-            if request.stage is not None:
-                # Refused mid-route: nothing may stay behind in the stages
-                # it went through. Not an abort anyone asked for: uncounted.
-                request.closed = True
-                self._abort_everywhere(request, None)
             error = QueueOverflowError()
             error.stage_id = stage.id  # type: ignore[attr-defined]
             raise error

@@ -17,12 +17,18 @@ Owns everything Ray-specific, so that ``import vllm_omni`` and the default
   stage and the resources it waits for; the end of a stage's ``run`` call
   (actor killed, its node lost, its worker OOM-killed, or a ``RayTaskError``
   out of the actor itself) is reported to the orchestrator, which marks the
-  engine dead with that stage id.
+  engine dead with that stage id;
+- the request-time probe (``RAY_PROBE_FAILURES``): a thread of its own pings
+  every stage actor (``ping`` runs in a concurrency group of its own, so it
+  never queues behind ``run``) and calls the GCS, each with a deadline, every
+  ``probe_interval_s``, and reports to the orchestrator a stage that stops or
+  resumes answering and a cluster that does the same. Nothing of Ray ever
+  blocks the engine's event loop.
 
-It must not classify stage errors (the worker does) or mark the engine dead
-itself (the orchestrator does); reasons it reports go to the server log and
-``OmniEngineDeadError.reason``, never to a client, which sees the generic
-dead-engine message.
+It must not classify stage errors (the worker does), mark the engine dead or
+fail requests itself (the orchestrator does); reasons it reports go to the
+server log and ``OmniEngineDeadError.reason``, never to a client, which sees
+the generic dead-engine message or the orchestrator's own 503/504 text.
 """
 
 from __future__ import annotations
@@ -33,18 +39,30 @@ import logging
 import os
 import socket
 import sys
+import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from vllm_omni.config import PipelineConfig, StageConfig
-from vllm_omni.engine.orchestrator import StageStartupError
+from vllm_omni.config import (
+    DEFAULT_RAY_PROBE_INTERVAL_S,
+    DEFAULT_RAY_PROBE_TIMEOUT_S,
+    PipelineConfig,
+    StageConfig,
+)
+from vllm_omni.engine.orchestrator import LauncherHooks, StageStartupError
 from vllm_omni.engine.stage_worker import StageWorker, WorkerSpec
 from vllm_omni.errors import (
     OmniServiceUnavailableError,
 )
 
-__all__ = ["RAY_FAILURES", "RayStageLauncher", "describe_exit"]
+__all__ = [
+    "RAY_FAILURES",
+    "RAY_PROBE_FAILURES",
+    "RayStageLauncher",
+    "describe_exit",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +70,10 @@ logger = logging.getLogger(__name__)
 # (Ray's owner fate-sharing normally ends it first).
 _ORCHESTRATOR_TIMEOUT_S = 30.0
 _CONNECT_TIMEOUT_S = 10.0
+_PROBE_GROUP = "probe"
+# The GCS call of the cluster probe: an existence check of an unused key.
+_PROBE_KEY = b"vllm-omni-probe"
+_PROBE_NAMESPACE = b"vllm-omni"
 # Ray failure class name → why the stage's run call ended, as logged and
 # kept in OmniEngineDeadError.reason. Names, not classes: Ray stays unimported.
 RAY_FAILURES: Mapping[str, str] = {
@@ -61,8 +83,17 @@ RAY_FAILURES: Mapping[str, str] = {
     "NodeDiedError": "its Ray node died",
     "WorkerCrashedError": "its Ray worker process crashed",
     "RayTaskError": "the stage actor raised outside any request",
-    "GetTimeoutError": "its Ray actor did not answer in time",
-    "RaySystemError": "the Ray cluster became unreachable",
+    "RaySystemError": "its Ray run call failed with a system error",
+}
+# What the request-time probe saw → who is unavailable ("stage": the pinged
+# stage; "cluster": every stage, for new requests) and why, as logged. None
+# of these is fatal by itself; a stage silent for heartbeat_timeout_s is.
+# A ping that fails fast (the actor died, or the connection to it broke:
+# ActorDiedError, ActorUnavailableError) is not silence: its run call's end
+# or the heartbeat decides whether the stage is dead.
+RAY_PROBE_FAILURES: Mapping[str, tuple[str, str]] = {
+    "GetTimeoutError": ("stage", "its Ray actor did not answer its probe in time"),
+    "RpcError": ("cluster", "the Ray GCS did not answer in time"),
 }
 
 
@@ -83,7 +114,13 @@ def describe_exit(error: BaseException | None, exit_code: object = None) -> str:
 
 
 class _StageActor:
-    """The body of a stage's Ray actor: runs one ``StageWorker`` to its end."""
+    """The body of a stage's Ray actor: runs one ``StageWorker`` to its end,
+    and answers the launcher's probe meanwhile."""
+
+    def ping(self) -> int:
+        """Liveness, run in the actor's probe group (its own thread, beside
+        ``run``): this worker's process id."""
+        return os.getpid()
 
     def run(self, spec: WorkerSpec) -> int:
         logging.basicConfig(
@@ -107,8 +144,8 @@ def _actor_options(stage: StageConfig, name: str, namespace: str) -> dict[str, A
         # behind the orchestrator's back.
         "max_restarts": 0,
         "max_task_retries": 0,
-        # The stage's run call owns the actor's main thread for its lifetime
-        # (its event loop installs signal handlers, which only that thread may).
+        # The stage's run call owns the default group for its lifetime; the
+        # probe's pings have a group (a thread) of their own (see launch).
         "max_concurrency": 1,
     }
     if stage.ray.resources:
@@ -147,9 +184,14 @@ class RayStageLauncher:
         *,
         address: str | None = None,
         stage_init_timeout_s: float = 120.0,
+        probe_interval_s: float = DEFAULT_RAY_PROBE_INTERVAL_S,
+        probe_timeout_s: float = DEFAULT_RAY_PROBE_TIMEOUT_S,
     ) -> None:
         self._address = address
         self._stage_init_timeout_s = stage_init_timeout_s
+        self._probe_interval_s = probe_interval_s
+        self._probe_timeout_s = probe_timeout_s
+        self._probe: _Probe | None = None
         self._namespace = f"vllm-omni-{uuid.uuid4().hex[:12]}"
         self._owns_ray = False
         self._actors: dict[int, Any] = {}
@@ -208,11 +250,13 @@ class RayStageLauncher:
         self,
         pipeline: PipelineConfig,
         address: str,
-        on_exit: Callable[[int, str], None],
+        hooks: LauncherHooks,
     ) -> None:
         import ray
 
-        actor_class = ray.remote(_StageActor)
+        actor_class = ray.remote(concurrency_groups={_PROBE_GROUP: 1})(_StageActor)
+        # Where an operator finds them (ray list actors --filter namespace=...).
+        logger.info("stage actors: Ray namespace %s", self._namespace)
         for stage in pipeline.stages:
             options = _actor_options(stage, f"omni-stage-{stage.id}", self._namespace)
             self._actors[stage.id] = actor_class.options(**options).remote()
@@ -263,14 +307,25 @@ class RayStageLauncher:
             self._runs[stage.id] = run
             self._waiters.append(
                 asyncio.create_task(
-                    self._wait_exit(stage.id, run, on_exit),
+                    self._wait_exit(stage.id, run, hooks.exited),
                     name=f"omni-ray-stage-{stage.id}",
                 )
             )
+        self._probe = _Probe(
+            dict(self._actors),
+            hooks,
+            asyncio.get_running_loop(),
+            interval_s=self._probe_interval_s,
+            timeout_s=self._probe_timeout_s,
+        )
+        self._probe.start()
 
     def stop(self, timeout_s: float) -> None:
         for waiter in self._waiters:
             waiter.cancel()
+        if self._probe is not None:
+            self._probe.stop()
+            self._probe = None
         if "ray" not in sys.modules:
             return
         import ray
@@ -309,3 +364,142 @@ class RayStageLauncher:
             on_exit(stage_id, describe_exit(exc))
             return
         on_exit(stage_id, describe_exit(None, code))
+
+
+class _Probe:
+    """Pings the stage actors and calls the GCS, from a thread of its own.
+
+    Every ``interval_s``: one ``ping`` per stage (a ping still unanswered is
+    waited for, never sent again, so a stopped actor does not pile them up)
+    and one GCS call, each bounded by ``timeout_s`` (``ray.get(...,
+    timeout=...)``: ``GetTimeoutError``; the GCS client: ``RpcError``).
+    Changes are handed to the engine's loop. Only a ping that times out
+    makes a stage silent; one that fails otherwise (the actor died, or the
+    connection to it broke) is left to its ``run`` call's waiter and the
+    heartbeat, which decide whether the stage is dead.
+    """
+
+    def __init__(
+        self,
+        actors: Mapping[int, Any],
+        hooks: LauncherHooks,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        interval_s: float,
+        timeout_s: float,
+    ) -> None:
+        self._actors = dict(actors)
+        self._hooks = hooks
+        self._loop = loop
+        self._interval_s = interval_s
+        self._timeout_s = timeout_s
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name="omni-ray-probe", daemon=True
+        )
+        self._pending: dict[int, tuple[Any, float]] = {}
+        self._silent: set[int] = set()
+        self._reachable = True
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            # At most one probe call is in progress, bounded by its timeout.
+            self._thread.join(timeout=self._timeout_s + 1.0)
+
+    def _report(self, hook: Callable[..., None], *args: object) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop already closed
+            self._loop.call_soon_threadsafe(hook, *args)
+
+    def _run(self) -> None:
+        from ray.experimental.internal_kv import internal_kv_get_gcs_client
+
+        gcs = internal_kv_get_gcs_client()
+        while not self._stopping.wait(self._interval_s):
+            try:
+                self._probe_cluster(gcs)
+                self._probe_stages()
+            except Exception:
+                # A round that could not even ask (Ray shutting down under
+                # it): the next round asks again, or stop() ends the thread.
+                logger.debug("Ray probe round failed", exc_info=True)
+
+    def _probe_cluster(self, gcs: Any) -> None:
+        try:
+            gcs.internal_kv_exists(
+                _PROBE_KEY, _PROBE_NAMESPACE, timeout=self._timeout_s
+            )
+        except Exception as exc:
+            if self._reachable:
+                self._reachable = False
+                logger.warning(
+                    "Ray cluster probe failed: %s (%s)",
+                    _probe_reason(exc),
+                    _first_line(exc),
+                )
+                self._report(self._hooks.reachable, False)
+            return
+        if not self._reachable:
+            self._reachable = True
+            logger.info("Ray cluster probe answered again")
+            self._report(self._hooks.reachable, True)
+
+    def _probe_stages(self) -> None:
+        import ray
+
+        now = time.monotonic()
+        for stage_id, actor in self._actors.items():
+            if stage_id not in self._pending:
+                ping = actor.ping.options(concurrency_group=_PROBE_GROUP).remote()
+                self._pending[stage_id] = (ping, now)
+        for stage_id, (ping, sent) in list(self._pending.items()):
+            left = max(0.0, sent + self._timeout_s - time.monotonic())
+            try:
+                ray.get(ping, timeout=left)
+            except Exception as exc:
+                row = _probe_row(exc)
+                if row is not None and row[0] == "stage":
+                    self._changed(stage_id, False, exc)  # still waited for
+                    continue
+                self._pending.pop(stage_id)  # ping again next round
+                logger.debug("stage %d probe: %s", stage_id, type(exc).__name__)
+                continue
+            self._pending.pop(stage_id)
+            self._changed(stage_id, True, None)
+
+    def _changed(self, stage_id: int, answering: bool, exc: Exception | None) -> None:
+        if answering is (stage_id not in self._silent):
+            return
+        if answering:
+            self._silent.discard(stage_id)
+            logger.info("stage %d answers its Ray probe again", stage_id)
+        else:
+            self._silent.add(stage_id)
+            assert exc is not None
+            logger.warning(
+                "stage %d: %s (%g s)", stage_id, _probe_reason(exc), self._timeout_s
+            )
+        self._report(self._hooks.answering, stage_id, answering)
+
+
+def _probe_row(exc: BaseException) -> tuple[str, str] | None:
+    """The ``RAY_PROBE_FAILURES`` row of a probe's exception, if any."""
+    for cls in type(exc).__mro__:
+        row = RAY_PROBE_FAILURES.get(cls.__name__)
+        if row is not None:
+            return row
+    return None
+
+
+def _probe_reason(exc: BaseException) -> str:
+    row = _probe_row(exc)
+    what = row[1] if row is not None else "its Ray probe failed"
+    return f"{what} ({type(exc).__name__})"
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else ""

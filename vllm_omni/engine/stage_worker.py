@@ -158,7 +158,9 @@ class StageWorker:
         self._socket.setsockopt(zmq.RCVHWM, 0)
         self._socket.connect(self.spec.address)
         stop = asyncio.Event()
-        with contextlib.suppress(NotImplementedError, RuntimeError):
+        # Only a main thread may; a Ray stage runs in its actor's default
+        # concurrency group, a thread, and is stopped by Shutdown or ray.kill.
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
         # Watch from the start: building a stage (loading weights) can take long.
         loops = [asyncio.create_task(self._watch_orchestrator(stop))]

@@ -78,6 +78,13 @@ class AsyncOmni:
             and stopped with the engine).
         stage_init_timeout_s: how long a Ray stage may wait for placement
             and actor start (default: the pipeline's, 120 s).
+        ray_probe_interval_s, ray_probe_timeout_s: how often the Ray backend
+            pings each stage actor and the GCS, and how long it waits for
+            an answer (default: the pipeline's ``ray:`` keys, 1 s and 2 s).
+            A stage that misses it fails its in-flight requests with 504 and
+            refuses new ones with 503; an unreachable GCS refuses new
+            requests with 503. The timeout must stay below
+            ``heartbeat_timeout_s``, after which a silent stage is dead.
         max_num_queued_reqs: requests in flight before admission refuses
             with ``QueueOverflowError`` (upstream's ``--max-num-queued-reqs``).
     """
@@ -94,6 +101,8 @@ class AsyncOmni:
         worker_backend: WorkerBackend | None = None,
         ray_address: str | None = None,
         stage_init_timeout_s: float | None = None,
+        ray_probe_interval_s: float | None = None,
+        ray_probe_timeout_s: float | None = None,
         max_num_queued_reqs: int = DEFAULT_MAX_NUM_QUEUED_REQS,
     ) -> None:
         self._finalizer: weakref.finalize | None = None
@@ -106,10 +115,18 @@ class AsyncOmni:
         if self.worker_backend == "ray":
             from vllm_omni.engine.ray_backend import RayStageLauncher
 
+            interval, timeout = _probe_settings(
+                self.config,
+                ray_probe_interval_s,
+                ray_probe_timeout_s,
+                heartbeat_timeout_s,
+            )
             launcher = RayStageLauncher(
                 address=ray_address or self.config.ray_address,
                 stage_init_timeout_s=stage_init_timeout_s
                 or self.config.stage_init_timeout_s,
+                probe_interval_s=interval,
+                probe_timeout_s=timeout,
             )
         self._orchestrator = Orchestrator(
             self.config,
@@ -215,7 +232,12 @@ class AsyncOmni:
           failure, the semantic 501/503/504 class or ``OmniServerError`` for
           other server errors a stage raised;
         - ``OmniStageTimeoutError`` (504, ``stage_id``) when a stage misses
-          its deadline; the request is aborted in every stage.
+          its deadline, or (Ray backend) stops answering its probe while the
+          request is there; the request is aborted in every stage;
+        - on the Ray backend, ``OmniServiceUnavailableError`` (503,
+          ``stage_id``, retryable) when a stage the request needs does not
+          answer its probe, or the cluster's GCS does not answer (the
+          ``stage_id`` of the request's first stage).
 
         Every exception carries ``.details``, the record the server would
         render (with this ``request_id``), and survives ``pickle``.
@@ -302,6 +324,39 @@ class AsyncOmni:
         if self._finalizer is not None:
             self._finalizer.detach()
         self._orchestrator.shutdown()
+
+
+def _probe_settings(
+    config: PipelineConfig,
+    interval_s: float | None,
+    timeout_s: float | None,
+    heartbeat_timeout_s: float,
+) -> tuple[float, float]:
+    """The Ray probe's interval and timeout: the arguments, else the
+    pipeline's; a bad one raises ``VLLMValidationError`` naming where it
+    came from (``ray_probe_timeout_s`` or the YAML's ``ray.probe_timeout_s``)."""
+    chosen: dict[str, tuple[float, str]] = {}
+    for name, given, default in (
+        ("interval_s", interval_s, config.ray_probe_interval_s),
+        ("timeout_s", timeout_s, config.ray_probe_timeout_s),
+    ):
+        if given is None:
+            chosen[name] = (default, f"ray.probe_{name}")
+            continue
+        if isinstance(given, bool) or not isinstance(given, int | float) or given <= 0:
+            raise VLLMValidationError(
+                f"ray_probe_{name} must be a positive number",
+                parameter=f"ray_probe_{name}",
+            )
+        chosen[name] = (float(given), f"ray_probe_{name}")
+    timeout, where = chosen["timeout_s"]
+    if timeout >= heartbeat_timeout_s:
+        # The heartbeat would mark the stage dead before its probe noticed.
+        raise VLLMValidationError(
+            f"{where} must be below heartbeat_timeout_s ({heartbeat_timeout_s:g} s)",
+            parameter=where,
+        )
+    return chosen["interval_s"][0], timeout
 
 
 def _backend(name: str) -> WorkerBackend:

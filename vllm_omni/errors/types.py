@@ -189,6 +189,10 @@ class OmniServiceUnavailableError(_StatusOnClass, VLLMServerError):
     status_code = 503
     error_type = "ServiceUnavailableError"
 
+    def __init__(self, message: str, *, stage_id: int | None = None) -> None:
+        super().__init__(message)
+        self.stage_id = stage_id
+
 
 class OmniStageTimeoutError(_StatusOnClass, VLLMServerError):
     """A stage or generation deadline expired (504)."""
