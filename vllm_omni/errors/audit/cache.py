@@ -23,7 +23,7 @@ from vllm_omni.errors.audit.scanner import FileResult
 # Keep at most this many entries: the current run's, plus older ones while
 # they fit (auditing two trees in turn stays warm for both).
 _MAX_ENTRIES = 200_000
-_VERSIONED_SOURCES = ("scanner.py", "rules.py", "cache.py")
+_VERSIONED_SOURCES = ("scanner.py", "skeleton.py", "rules.py", "cache.py")
 
 
 def default_cache_dir() -> Path:

@@ -42,6 +42,7 @@ from http import HTTPStatus
 from typing import Any, NamedTuple
 
 from vllm_omni.errors.audit import rules
+from vllm_omni.errors.audit.skeleton import Skeleton, skeleton
 
 _STATUS_TOKENS = (
     *(str(bound).encode() for bound in sorted(rules.STATUS_BOUNDS)),
@@ -57,20 +58,33 @@ _HTTP_EXCEPTION_TOKEN = b"HTTPException"
 # carrier (``...Response``, ``create_error_response``, ``ErrorInfo``,
 # ``HTTPException``, ``OmniClientError``) or an error-model builder;
 # OMNI004/OMNI005 need ``_STATUS_TOKENS`` or ``HTTPException``.
-_TRIGGER_TOKENS = re.compile(
-    b"|".join(
-        re.escape(token)
-        for token in sorted(
-            {
-                b"raise",
-                b"Response",
-                *_STATUS_TOKENS,
-                *(n.encode() for n in rules.STATUS_CARRIERS),
-                *(n.encode() for n in rules.ERROR_MODEL_BUILDERS),
-                *(n.encode() for n in rules.CLIENT_ERROR_TYPES),
-            }
-        )
-    )
+_TRIGGERS = sorted(
+    {
+        b"raise",
+        b"Response",
+        *_STATUS_TOKENS,
+        *(n.encode() for n in rules.STATUS_CARRIERS),
+        *(n.encode() for n in rules.ERROR_MODEL_BUILDERS),
+        *(n.encode() for n in rules.CLIENT_ERROR_TYPES),
+    }
+)
+_TRIGGER_TOKENS = re.compile(b"|".join(map(re.escape, _TRIGGERS)))
+_TRIGGERS_TEXT = [token.decode() for token in _TRIGGERS]
+# The statements a skeleton keeps (see ``skeleton``): those with a trigger
+# token or an import (also inside a one-line compound statement).
+_HOT_STATEMENT = tuple(
+    needle
+    for needle in (*_TRIGGERS_TEXT, "import")
+    # ``JSONResponse`` is found as ``Response``: one search less.
+    if not any(other != needle and other in needle for other in _TRIGGERS_TEXT)
+)
+# A name bound to one of these that is not itself a trigger token makes the
+# lines it occurs on relevant (``ER = ErrorResponse``; ``return ER(...)``).
+_ALIASED_TARGETS = (
+    rules.CLIENT_ERROR_TYPES
+    | frozenset(rules.STATUS_CARRIERS)
+    | rules.ERROR_MODEL_BUILDERS
+    | rules.STATUS_RANGE_CALLS
 )
 MODULE_SCOPE = "<module>"
 # Inventory row of ``raise e``, ``raise self._error``: a variable, not a
@@ -158,23 +172,48 @@ _RUNTIME = _Scope(
 )
 
 
-def scan(data: bytes) -> FileResult:
-    """Audit one file's bytes."""
+def scan(data: bytes, *, whole: bool = False) -> FileResult:
+    """Audit one file's bytes: from its skeleton where it has one, else (or
+    with ``whole``) from the whole file; the results are the same."""
     if _TRIGGER_TOKENS.search(data) is None:
         undecodable = _decode_error(data)
         return FileResult(findings=[] if undecodable is None else [undecodable])
-    try:
-        tree = ast.parse(data)
-    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
-        return FileResult(findings=[_parse_error(data, exc)])
-    try:
-        result = _Scanner(data, tree).result
-    except RecursionError as exc:
-        # Parsed, but nested too deeply for the recursive helpers (a
-        # 1,000-level attribute chain): this file is not audited, the rest is.
-        return FileResult(findings=[_parse_error(data, exc)])
+    scanner = None if whole else _skeleton_scanner(data)
+    if scanner is None:
+        try:
+            tree = ast.parse(data)
+        except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+            return FileResult(findings=[_parse_error(data, exc)])
+        try:
+            scanner = _Scanner(data, tree)
+        except RecursionError as exc:
+            # Parsed, but nested too deeply for the recursive helpers (a
+            # 1,000-level attribute chain): this file is not audited, the
+            # rest is.
+            return FileResult(findings=[_parse_error(data, exc)])
+    result = scanner.result
     result.findings.sort(key=lambda f: (f.line, f.column, f.rule))
     return result
+
+
+def _skeleton_scanner(data: bytes) -> _Scanner | None:
+    """The scanner of ``data``'s skeleton, or None when the whole file must
+    be parsed: no skeleton, a skeleton that does not parse (the file has a
+    syntax error the whole parse reports), or one whose analysis shows a
+    replaced statement might have mattered."""
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        text = data.decode(encoding)
+    except (SyntaxError, UnicodeDecodeError):
+        return None
+    shape = skeleton(text, _HOT_STATEMENT)
+    if shape is None or not shape.replaced:
+        return None
+    try:
+        scanner = _Scanner(data, ast.parse(shape.source))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    return scanner if scanner.matches(shape, text) else None
 
 
 def raise_site_name(node: ast.Raise) -> str | None:
@@ -221,6 +260,29 @@ class _Scanner:
             self._check_expressions(
                 self._expressions_on(hot_lines), status_tokens=status_tokens
             )
+
+    def matches(self, shape: Skeleton, text: str) -> bool:
+        """Whether this scan of ``shape`` is the whole file's: every ``pass``
+        that replaced a statement is one, and no replaced line names a local
+        alias of an error type, builder or status carrier."""
+        passes = {
+            (stmt.lineno, stmt.col_offset)
+            for stmt, _ in self._statements
+            if isinstance(stmt, ast.Pass)
+        }
+        if not passes.issuperset(shape.replaced):
+            return False
+        aliases = [
+            name
+            for name, target in self._bindings.items()
+            if _last(target) in _ALIASED_TARGETS
+            and _TRIGGER_TOKENS.search(name.encode()) is None
+        ]
+        if not aliases:
+            return True
+        pattern = re.compile(r"\b(?:" + "|".join(map(re.escape, aliases)) + r")\b")
+        lines = text.split("\n")
+        return not any(pattern.search(lines[n - 1]) for n in shape.blanked)
 
     # -- collection -------------------------------------------------------
 

@@ -1,0 +1,267 @@
+"""A file's skeleton: every statement nothing can be found in becomes ``pass``.
+
+Owns the cheap step before parsing. Parsing is most of a cold audit's cost
+and most statements of a file (assignments, calls, docstrings) can neither
+hold a finding nor change one. CPython's own tokenizer (the C one the parser
+uses, so logical lines, strings and brackets are split exactly as the parser
+splits them, about four times faster than parsing) finds each logical line;
+a simple statement whose lines hold no hot token is replaced by ``pass`` at
+its own line and indentation and its continuation lines are blanked. Every
+compound statement header (``if``, ``def``, ``except``, decorators, ...) and
+every import is kept verbatim, so the skeleton parses into the same tree of
+blocks, with the same line and column for every node kept: only the
+replaced statements differ, and they are ``Pass`` nodes.
+
+A replaced statement cannot matter, given what the scanner reads (the
+scanner checks the rest after analysing the skeleton):
+
+- raises need ``raise``; OMNI002/OMNI003 returns and the expression rules
+  need a name or literal of ``scanner._TRIGGER_TOKENS`` - hot - or a local
+  alias of one, which the scanner looks for on replaced lines afterwards;
+- names are bound by imports and class statements (kept), and by
+  assignments ``N = a.b`` or ``N = (a, b)`` (kept: any single-name target
+  whose value has only names, dots, commas and parentheses);
+- a ``;`` or a one-line compound statement could hide any of these, so such
+  lines are kept (``;`` is hot; compound keywords are never replaced).
+
+What a skeleton hides is a syntax error inside a replaced statement (the
+tokenizer still rejects bad tokens, brackets, strings and indentation): such
+a file is audited instead of being an OMNI000 finding, the same trade the
+trigger prefilter makes for whole files.
+
+``_tokenize.TokenizerIter`` is CPython 3.11's private binding of that
+tokenizer; where it is missing or behaves differently, there is no skeleton
+and the file is parsed whole (slower, same results).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+try:
+    from _tokenize import TokenizerIter
+except ImportError:  # not CPython 3.11-compatible: always parse whole files
+    TokenizerIter = None
+
+_NEWLINE, _INDENT, _DEDENT = 4, 5, 6
+# Clauses continue the compound statement before them: a stretch never
+# starts at one, nor ends just before one.
+_CLAUSES = frozenset({"elif", "else", "except", "finally", "case"})
+# Statements that bind names (imports, classes, ``(E) = X``) are never
+# dropped, even inside a block that is otherwise replaced.
+_BINDING_FIRST = frozenset({"import", "from", "class", "("})
+# ``N = <value>`` may bind an alias when the value is a name, an attribute
+# chain or a tuple of them: only names, dots, commas, parentheses (not a
+# call's) and line continuations, and at least one letter.
+_ALIAS_VALUE = re.compile(r"[\s\w.,()\\]*\Z")
+_CALL = re.compile(r"[\w)]\s*\(")
+_LETTER = re.compile(r"[A-Za-z_]")
+# A value with one of these is an expression or a constant, never a name.
+_NOT_A_NAME = re.compile(
+    r"\b(?:if|else|and|or|not|is|in|for|lambda|await|yield|None|True|False)\b"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Skeleton:
+    """The source to parse instead, and where its ``pass`` statements are."""
+
+    source: str
+    # (line, column) of each ``pass`` that replaced a statement; column in
+    # UTF-8 bytes, as the ``ast`` reports it.
+    replaced: list[tuple[int, int]]
+    # 1-based numbers of every line that was replaced or blanked.
+    blanked: frozenset[int]
+
+
+def skeleton(text: str, hot: Sequence[str]) -> Skeleton | None:
+    """``text``'s skeleton, keeping every statement with one of the ``hot``
+    substrings on one of its lines; None when the tokenizer is unavailable or
+    rejects the text, or the text has line breaks other than ``\\n``."""
+    if TokenizerIter is None or "\r" in text or "\0" in text:
+        return None
+    statements = _logical_lines(text)
+    if statements is None:
+        return None
+    lines = text.split("\n")
+    keep = _kept(statements, lines, _lines_with(text, hot), _lines_with(text, (";",)))
+    replaced: list[tuple[int, int]] = []
+    blanked: set[int] = set()
+    for first, last in _replaceable_runs(statements, keep):
+        line = lines[first - 1]
+        indent = line[: len(line) - len(line.lstrip())]
+        lines[first - 1] = indent + "pass"
+        for number in range(first, last):
+            lines[number] = ""
+        replaced.append((first, len(indent.encode())))
+        blanked.update(range(first, last + 1))
+    return Skeleton("\n".join(lines), replaced, frozenset(blanked))
+
+
+class _Statements(NamedTuple):
+    """The logical lines of a file, as parallel lists (cheaper than objects)."""
+
+    first_line: list[int]
+    last_line: list[int]
+    depth: list[int]
+    first_token: list[str]
+    # ``N = ...`` (a possible alias binding) or not.
+    assignment: list[bool]
+    # Ends with ``:``: a compound statement's header, its block follows.
+    header: list[bool]
+
+
+def _logical_lines(text: str) -> _Statements | None:
+    found = _Statements([], [], [], [], [], [])
+    first: str | None = None
+    second: str | None = None
+    start = depth = 0
+    previous = ""
+    try:
+        for token in TokenizerIter(text):
+            kind = token[1]
+            if kind == _NEWLINE:
+                if first is not None:
+                    found.first_line.append(start)
+                    found.last_line.append(token[2])
+                    found.depth.append(depth)
+                    found.first_token.append(first)
+                    found.assignment.append(second == "=")
+                    found.header.append(previous == ":")
+                first = None
+                continue
+            if kind == _INDENT:
+                depth += 1
+                continue
+            if kind == _DEDENT:
+                depth -= 1
+                continue
+            if first is None:
+                first, second, start = token[0], None, token[2]
+            elif second is None:
+                second = token[0]
+            previous = token[0]
+    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+        return None
+    return found
+
+
+def _kept(
+    statements: _Statements,
+    lines: list[str],
+    hot: list[bool],
+    semicolons: list[bool],
+) -> list[bool]:
+    """Per logical line: whether it must stay wherever it is (a hot token,
+    an import, a class, a possible alias binding, the first statement)."""
+    kept: list[bool] = []
+    for index, (first, last, token, assignment) in enumerate(
+        zip(
+            statements.first_line,
+            statements.last_line,
+            statements.first_token,
+            statements.assignment,
+            strict=True,
+        )
+    ):
+        keep = (
+            index == 0  # a module docstring: ``from __future__`` must follow it
+            or token in _BINDING_FIRST
+            or (any(hot[first : last + 1]) if last > first else hot[first])
+        )
+        if not keep and (assignment or any(semicolons[first : last + 1])):
+            # ``N = a.b``, or ``x(); N = a.b``: ``;`` may start any statement.
+            statement = "\n".join(lines[first - 1 : last])
+            keep = ("#" in statement or (";" in statement and "=" in statement)) or (
+                assignment and _may_alias(statement.partition("=")[2])
+            )
+        kept.append(keep)
+    return kept
+
+
+def _replaceable_runs(
+    statements: _Statements, kept: list[bool]
+) -> Iterator[tuple[int, int]]:
+    """(first line, last line) of each stretch to replace by one ``pass``:
+    consecutive whole statements of one block that are all droppable (a
+    compound one with its block and clauses, a definition with its
+    decorators), else the block of a kept header when all of it is."""
+    depth, header = statements.depth, statements.header
+    count = len(depth)
+    # The first index at or after i that is kept (count when none).
+    next_kept = [count] * (count + 1)
+    for index in range(count - 1, -1, -1):
+        next_kept[index] = index if kept[index] else next_kept[index + 1]
+    index = 0
+    while index < count:
+        level = depth[index]
+        if not kept[index] and _starts_statement(statements, index):
+            boundary = index
+            probe = index + 1
+            while True:
+                done = probe == count or depth[probe] < level
+                if done or (
+                    depth[probe] == level and _starts_statement(statements, probe)
+                ):
+                    boundary = probe
+                if done or kept[probe]:
+                    break
+                probe += 1
+            if boundary > index:
+                yield statements.first_line[index], statements.last_line[boundary - 1]
+                index = boundary
+                continue
+        if header[index]:
+            end = index + 1
+            while end < count and depth[end] > level:
+                end += 1
+            if end > index + 1 and next_kept[index + 1] >= end:
+                yield statements.first_line[index + 1], statements.last_line[end - 1]
+                index = end
+                continue
+        index += 1
+
+
+def _starts_statement(statements: _Statements, index: int) -> bool:
+    """Whether logical line ``index`` starts a statement of its block: not a
+    clause, and not a definition after its decorator."""
+    token = statements.first_token
+    if token[index] in _CLAUSES:
+        return False
+    return not (
+        index > 0
+        and token[index - 1] == "@"
+        and statements.depth[index - 1] == statements.depth[index]
+    )
+
+
+def _may_alias(value: str) -> bool:
+    return (
+        _ALIAS_VALUE.match(value) is not None
+        and _LETTER.search(value) is not None
+        and _CALL.search(value) is None
+        and _NOT_A_NAME.search(value) is None
+    )
+
+
+def _lines_with(text: str, needles: Sequence[str]) -> list[bool]:
+    """Per 1-based line number: whether one of ``needles`` is on that line.
+
+    One ``str.find`` loop per substring: much faster than a regular
+    expression alternation, which tries every alternative at every offset."""
+    positions: list[int] = []
+    for needle in needles:
+        position = text.find(needle)
+        while position >= 0:
+            positions.append(position)
+            position = text.find(needle, position + 1)
+    flags = [False] * (text.count("\n") + 2)
+    line, previous = 1, 0
+    for position in sorted(positions):
+        line += text.count("\n", previous, position)
+        previous = position
+        flags[line] = True
+    return flags
