@@ -37,6 +37,7 @@ and the file is parsed whole (slower, same results).
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -115,71 +116,76 @@ class _Statements(NamedTuple):
 
 
 def _logical_lines(text: str) -> _Statements | None:
-    found = _Statements([], [], [], [], [], [])
+    rows: list[tuple[int, int, int, str, bool, bool]] = []
+    append = rows.append
     first: str | None = None
     second: str | None = None
     start = depth = 0
     previous = ""
     try:
-        for token in TokenizerIter(text):
-            kind = token[1]
+        for string, kind, line, _, _, _, _ in TokenizerIter(text):
             if kind == _NEWLINE:
                 if first is not None:
-                    found.first_line.append(start)
-                    found.last_line.append(token[2])
-                    found.depth.append(depth)
-                    found.first_token.append(first)
-                    found.assignment.append(second == "=")
-                    found.header.append(previous == ":")
-                first = None
-                continue
-            if kind == _INDENT:
+                    append((start, line, depth, first, second == "=", previous == ":"))
+                    first = None
+            elif kind == _INDENT:
                 depth += 1
-                continue
-            if kind == _DEDENT:
+            elif kind == _DEDENT:
                 depth -= 1
-                continue
-            if first is None:
-                first, second, start = token[0], None, token[2]
-            elif second is None:
-                second = token[0]
-            previous = token[0]
+            else:
+                if first is None:
+                    first, second, start = string, None, line
+                elif second is None:
+                    second = string
+                previous = string
     except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
         return None
-    return found
+    if not rows:
+        return _Statements([], [], [], [], [], [])
+    return _Statements(*map(list, zip(*rows, strict=True)))
 
 
 def _kept(
     statements: _Statements,
     lines: list[str],
-    hot: list[bool],
-    semicolons: list[bool],
+    hot: list[int],
+    semicolons: list[int],
 ) -> list[bool]:
     """Per logical line: whether it must stay wherever it is (a hot token,
     an import, a class, a possible alias binding, the first statement)."""
-    kept: list[bool] = []
-    for index, (first, last, token, assignment) in enumerate(
-        zip(
-            statements.first_line,
-            statements.last_line,
-            statements.first_token,
-            statements.assignment,
-            strict=True,
-        )
-    ):
-        keep = (
-            index == 0  # a module docstring: ``from __future__`` must follow it
-            or token in _BINDING_FIRST
-            or (any(hot[first : last + 1]) if last > first else hot[first])
-        )
-        if not keep and (assignment or any(semicolons[first : last + 1])):
-            # ``N = a.b``, or ``x(); N = a.b``: ``;`` may start any statement.
-            statement = "\n".join(lines[first - 1 : last])
-            keep = ("#" in statement or (";" in statement and "=" in statement)) or (
-                assignment and _may_alias(statement.partition("=")[2])
+    first_line, last_line = statements.first_line, statements.last_line
+    kept = [token in _BINDING_FIRST for token in statements.first_token]
+    if kept:
+        kept[0] = True  # a module docstring: ``from __future__`` must follow
+    for index in _statements_on(first_line, last_line, hot):
+        kept[index] = True
+    candidates = {
+        index for index, assignment in enumerate(statements.assignment) if assignment
+    }
+    candidates.update(_statements_on(first_line, last_line, semicolons))
+    for index in candidates:
+        if kept[index]:
+            continue
+        statement = "\n".join(lines[first_line[index] - 1 : last_line[index]])
+        # ``N = a.b``, or ``x(); N = a.b``: ``;`` may start any statement.
+        kept[index] = (
+            "#" in statement
+            or (";" in statement and "=" in statement)
+            or (
+                statements.assignment[index] and _may_alias(statement.partition("=")[2])
             )
-        kept.append(keep)
+        )
     return kept
+
+
+def _statements_on(
+    first_line: list[int], last_line: list[int], numbers: list[int]
+) -> Iterator[int]:
+    """Indices of the logical lines that span any of the line ``numbers``."""
+    for number in numbers:
+        index = bisect_right(first_line, number) - 1
+        if index >= 0 and last_line[index] >= number:
+            yield index
 
 
 def _replaceable_runs(
@@ -247,21 +253,21 @@ def _may_alias(value: str) -> bool:
     )
 
 
-def _lines_with(text: str, needles: Sequence[str]) -> list[bool]:
-    """Per 1-based line number: whether one of ``needles`` is on that line.
+def _lines_with(text: str, needles: Sequence[str]) -> list[int]:
+    """The 1-based numbers of the lines on which one of ``needles`` occurs.
 
-    One ``str.find`` loop per substring: much faster than a regular
-    expression alternation, which tries every alternative at every offset."""
+    One ``str.find`` loop per needle: much faster than a regular expression
+    alternation, which tries every alternative at every offset."""
     positions: list[int] = []
     for needle in needles:
         position = text.find(needle)
         while position >= 0:
             positions.append(position)
             position = text.find(needle, position + 1)
-    flags = [False] * (text.count("\n") + 2)
+    numbers: list[int] = []
     line, previous = 1, 0
     for position in sorted(positions):
         line += text.count("\n", previous, position)
         previous = position
-        flags[line] = True
-    return flags
+        numbers.append(line)
+    return numbers
