@@ -77,7 +77,9 @@ class ScanCache:
             self._file.parent.mkdir(parents=True, exist_ok=True)
             handle, temporary = tempfile.mkstemp(dir=self._file.parent, suffix=".tmp")
             with os.fdopen(handle, "w", encoding="utf-8") as stream:
-                json.dump(entries, stream, separators=(",", ":"))
+                # ``dumps`` encodes in C; ``dump`` writes chunk by chunk from
+                # Python, several times slower on the cold run's 5,000 files.
+                stream.write(json.dumps(entries, separators=(",", ":")))
             os.replace(temporary, self._file)
         except OSError as exc:
             # A read-only cache directory slows the next run down; it must not

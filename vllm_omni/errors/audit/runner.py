@@ -32,6 +32,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from urllib.parse import quote
 
@@ -115,10 +116,13 @@ def run_audit(
     cache: ScanCache | None,
     allowlist: Sequence[AllowEntry] = (),
     root: str | None = None,
+    whole: bool = False,
 ) -> Report:
-    """Audit ``paths`` (labelled relative to ``root``) and aggregate."""
+    """Audit ``paths`` (labelled relative to ``root``) and aggregate;
+    ``whole`` parses every file whole instead of its skeleton (the reference
+    the skeleton is tested against: same report, slower)."""
     project, files = discover(paths, root=root)
-    results = scan_files(files, jobs=jobs, cache=cache)
+    results = scan_files(files, jobs=jobs, cache=cache, whole=whole)
     return build_report(
         [_printable(path) for path in paths], project, files, results, allowlist
     )
@@ -239,7 +243,11 @@ class _Walker:
 
 
 def scan_files(
-    files: Sequence[SourceFile], *, jobs: int, cache: ScanCache | None
+    files: Sequence[SourceFile],
+    *,
+    jobs: int,
+    cache: ScanCache | None,
+    whole: bool = False,
 ) -> list[FileResult]:
     """One result per file, from the cache where the bytes are known."""
     results: list[FileResult | None] = []
@@ -257,7 +265,9 @@ def scan_files(
         results.append(cached)
         if cached is None:
             pending.append((index, source.path, len(data)))
-    scanned = _scan_pending([(path, size) for _, path, size in pending], jobs)
+    scanned = _scan_pending(
+        [(path, size) for _, path, size in pending], jobs, whole=whole
+    )
     for (index, _, _), (digest, result) in zip(pending, scanned, strict=True):
         results[index] = result
         if cache is not None and digest:
@@ -307,13 +317,15 @@ def build_report(
 
 
 def _scan_pending(
-    pending: list[tuple[Path, int]], jobs: int
+    pending: list[tuple[Path, int]], jobs: int, *, whole: bool
 ) -> list[tuple[str, FileResult]]:
     if jobs <= 1 or len(pending) < _PARALLEL_MIN_FILES:
-        return _scan_chunk([path for path, _ in pending])
+        return _scan_chunk([path for path, _ in pending], whole=whole)
     chunks = _balanced_chunks(pending, jobs * _CHUNKS_PER_JOB)
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        done = list(pool.map(_scan_chunk, [chunk for _, chunk in chunks]))
+        done = list(
+            pool.map(partial(_scan_chunk, whole=whole), [chunk for _, chunk in chunks])
+        )
     ordered: list[tuple[str, FileResult] | None] = [None] * len(pending)
     for (positions, _), results in zip(chunks, done, strict=True):
         for position, result in zip(positions, results, strict=True):
@@ -321,7 +333,9 @@ def _scan_pending(
     return [result for result in ordered if result is not None]
 
 
-def _scan_chunk(paths: Sequence[Path]) -> list[tuple[str, FileResult]]:
+def _scan_chunk(
+    paths: Sequence[Path], *, whole: bool = False
+) -> list[tuple[str, FileResult]]:
     """Scan files (in a worker or here): (sha256 of the bytes read, result).
 
     The digest is of the bytes this call read, so a file edited since the
@@ -335,7 +349,7 @@ def _scan_chunk(paths: Sequence[Path]) -> list[tuple[str, FileResult]]:
             except _Unreadable as exc:
                 scanned.append(("", _unreadable(exc.reason)))
                 continue
-            scanned.append((_digest(data), scan(data)))
+            scanned.append((_digest(data), scan(data, whole=whole)))
     return scanned
 
 
