@@ -10,7 +10,10 @@ Each command is timed as a subprocess from start to exit: the audit with an
 empty cache (cold) and again with the cache that run left (warm); ruff's
 tryceratops and flake8-errmsg rules without its cache. Ruff does a different
 (smaller) job; it is the speed reference for "a linter over this tree", not
-an equivalent. Targets (issue 16): cold at most 2x ruff, warm at most 0.5x.
+an equivalent. Targets (issue 16): cold at most 2x ruff, warm at most 0.5x;
+each row says ``ok`` or ``NOT OK`` (``python -m benchmarks`` exits 1 on any
+row that is not), and the load average before and after is printed: on a
+shared machine the ratios move with it.
 
 ``python benchmarks/bench_audit.py [TREE]`` prints a table; ``run()``
 returns the rows for ``python -m benchmarks``.
@@ -124,15 +127,27 @@ def bench_cache() -> Path:
 
 def main(argv: Sequence[str]) -> int:
     given = argv[0] if argv else os.environ.get(TREE_ENV)
+    before = _load()
     rows = run(Path(given) if given else None)
-    header = ("benchmark", "ours s", "ruff s", "ratio", "target", "files/s")
-    print("{:<32} {:>7} {:>7} {:>6} {:>7} {:>8}".format(*header))
+    header = ("benchmark", "ours s", "ruff s", "ratio", "target", "", "files/s")
+    print("{:<32} {:>7} {:>7} {:>6} {:>7} {:<6} {:>8}".format(*header))
     for row in rows:
+        verdict = "ok" if row["ok"] else "NOT OK"
         print(
             f"{row['benchmark']:<32} {row['ours']:>7.2f} {row['baseline']:>7.2f} "
-            f"{row['ratio']:>6.2f} {row['target']:>6.1f}x {row['files_per_s']:>8,.0f}"
+            f"{row['ratio']:>6.2f} {row['target']:>6.1f}x {verdict:<6} "
+            f"{row['files_per_s']:>8,.0f}"
         )
+    # Both tools share the machine with whatever else runs: say how busy it was.
+    print(f"load average (1 min): {before} before, {_load()} after")
     return 0 if all(row["ok"] for row in rows) else 1
+
+
+def _load() -> str:
+    try:
+        return f"{os.getloadavg()[0]:.2f}"
+    except OSError:
+        return "unknown"
 
 
 def _made(path: Path) -> Path:

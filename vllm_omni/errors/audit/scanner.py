@@ -210,7 +210,7 @@ def _skeleton_scanner(data: bytes) -> _Scanner | None:
     if shape is None or not shape.replaced:
         return None
     try:
-        scanner = _Scanner(data, ast.parse(shape.source))
+        scanner = _Scanner(data, ast.parse(shape.source), text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     return scanner if scanner.matches(shape, text) else None
@@ -233,8 +233,10 @@ def raise_site_name(node: ast.Raise) -> str | None:
 class _Scanner:
     """Collects statements in one pass, then applies the rules to them."""
 
-    def __init__(self, data: bytes, tree: ast.Module) -> None:
+    def __init__(self, data: bytes, tree: ast.Module, text: str | None = None) -> None:
         self._data = data
+        # ``data`` decoded, when the caller already did (the skeleton path).
+        self._text = text
         self._lines: list[str] | None = None
         # The qualified name of the statement the expression rules walk.
         self._scope = MODULE_SCOPE
@@ -705,7 +707,8 @@ class _Scanner:
 
     def _text_lines(self) -> list[str]:
         if self._lines is None:
-            self._lines = _split_lines(_decode(self._data))
+            text = self._text if self._text is not None else _decode(self._data)
+            self._lines = _split_lines(text)
         return self._lines
 
     def _column(self, line: int, byte_offset: int) -> int:

@@ -195,8 +195,17 @@ def _replaceable_runs(
     consecutive whole statements of one block that are all droppable (a
     compound one with its block and clauses, a definition with its
     decorators), else the block of a kept header when all of it is."""
-    depth, header = statements.depth, statements.header
+    depth, header, token = statements.depth, statements.header, statements.first_token
     count = len(depth)
+    # Whether logical line i starts a statement of its block: not a clause
+    # (``else:`` continues the statement before it), not a definition after
+    # its decorator.
+    starts = [
+        first not in _CLAUSES and not (before == "@" and level_before == level)
+        for first, before, level, level_before in zip(
+            token, ["", *token], depth, [-1, *depth], strict=False
+        )
+    ]
     # The first index at or after i that is kept (count when none).
     next_kept = [count] * (count + 1)
     for index in range(count - 1, -1, -1):
@@ -204,18 +213,17 @@ def _replaceable_runs(
     index = 0
     while index < count:
         level = depth[index]
-        if not kept[index] and _starts_statement(statements, index):
+        if starts[index] and not kept[index]:
             boundary = index
             probe = index + 1
-            while True:
-                done = probe == count or depth[probe] < level
-                if done or (
-                    depth[probe] == level and _starts_statement(statements, probe)
-                ):
+            while probe < count and depth[probe] >= level:
+                if depth[probe] == level and starts[probe]:
                     boundary = probe
-                if done or kept[probe]:
+                if kept[probe]:
                     break
                 probe += 1
+            else:
+                boundary = probe  # the block (or the file) ends here
             if boundary > index:
                 yield statements.first_line[index], statements.last_line[boundary - 1]
                 index = boundary
@@ -229,19 +237,6 @@ def _replaceable_runs(
                 index = end
                 continue
         index += 1
-
-
-def _starts_statement(statements: _Statements, index: int) -> bool:
-    """Whether logical line ``index`` starts a statement of its block: not a
-    clause, and not a definition after its decorator."""
-    token = statements.first_token
-    if token[index] in _CLAUSES:
-        return False
-    return not (
-        index > 0
-        and token[index - 1] == "@"
-        and statements.depth[index - 1] == statements.depth[index]
-    )
 
 
 def _may_alias(value: str) -> bool:
