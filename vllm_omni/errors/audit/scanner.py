@@ -209,8 +209,11 @@ def _skeleton_scanner(data: bytes) -> _Scanner | None:
     shape = skeleton(text, _HOT_STATEMENT)
     if shape is None or not shape.replaced:
         return None
+    # In UTF-8, an ASCII token occurs in the text exactly where it occurs in
+    # the bytes: the skeleton's search answers the scanner's.
+    present = shape.found if encoding in ("utf-8", "utf-8-sig") else None
     try:
-        scanner = _Scanner(data, ast.parse(shape.source), text)
+        scanner = _Scanner(data, ast.parse(shape.source), text, present)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     return scanner if scanner.matches(shape, text) else None
@@ -233,7 +236,13 @@ def raise_site_name(node: ast.Raise) -> str | None:
 class _Scanner:
     """Collects statements in one pass, then applies the rules to them."""
 
-    def __init__(self, data: bytes, tree: ast.Module, text: str | None = None) -> None:
+    def __init__(
+        self,
+        data: bytes,
+        tree: ast.Module,
+        text: str | None = None,
+        present: frozenset[str] | None = None,
+    ) -> None:
         self._data = data
         # ``data`` decoded, when the caller already did (the skeleton path).
         self._text = text
@@ -251,8 +260,8 @@ class _Scanner:
         self._check_raises()
         self._check_handlers()
         self._check_returns()
-        status_tokens = any(token in data for token in _STATUS_TOKENS)
-        if status_tokens or _HTTP_EXCEPTION_TOKEN in data:
+        status_tokens = any(_has(data, token, present) for token in _STATUS_TOKENS)
+        if status_tokens or _has(data, _HTTP_EXCEPTION_TOKEN, present):
             tokens = (
                 *(_STATUS_TOKENS if status_tokens else ()),
                 _HTTP_EXCEPTION_TOKEN,
@@ -732,6 +741,15 @@ def _last(qualname: str | None) -> str:
 
 def _decorators(stmt: ast.stmt) -> list[ast.expr]:
     return getattr(stmt, "decorator_list", [])
+
+
+def _has(data: bytes, token: bytes, present: frozenset[str] | None) -> bool:
+    """Whether ``token`` occurs in ``data``; from ``present`` (the skeleton's
+    search, which covers every hot token) when given."""
+    text = token.decode()
+    if present is not None and text in _HOT_STATEMENT:
+        return text in present
+    return token in data
 
 
 def _token_lines(data: bytes, tokens: tuple[bytes, ...]) -> list[int]:

@@ -76,6 +76,8 @@ class Skeleton:
     replaced: list[tuple[int, int]]
     # 1-based numbers of every line that was replaced or blanked.
     blanked: frozenset[int]
+    # The ``hot`` substrings that occur in the text (anywhere).
+    found: frozenset[str]
 
 
 def skeleton(text: str, hot: Sequence[str]) -> Skeleton | None:
@@ -88,7 +90,10 @@ def skeleton(text: str, hot: Sequence[str]) -> Skeleton | None:
     if statements is None:
         return None
     lines = text.split("\n")
-    keep = _kept(statements, lines, _lines_with(text, hot), _lines_with(text, (";",)))
+    found: set[str] = set()
+    keep = _kept(
+        statements, lines, _lines_with(text, hot, found), _lines_with(text, (";",))
+    )
     replaced: list[tuple[int, int]] = []
     blanked: set[int] = set()
     for first, last in _replaceable_runs(statements, keep):
@@ -99,7 +104,7 @@ def skeleton(text: str, hot: Sequence[str]) -> Skeleton | None:
             lines[number] = ""
         replaced.append((first, len(indent.encode())))
         blanked.update(range(first, last + 1))
-    return Skeleton("\n".join(lines), replaced, frozenset(blanked))
+    return Skeleton("\n".join(lines), replaced, frozenset(blanked), frozenset(found))
 
 
 class _Statements(NamedTuple):
@@ -248,14 +253,19 @@ def _may_alias(value: str) -> bool:
     )
 
 
-def _lines_with(text: str, needles: Sequence[str]) -> list[int]:
-    """The 1-based numbers of the lines on which one of ``needles`` occurs.
+def _lines_with(
+    text: str, needles: Sequence[str], found: set[str] | None = None
+) -> list[int]:
+    """The 1-based numbers of the lines on which one of ``needles`` occurs;
+    the needles that occur are added to ``found``.
 
     One ``str.find`` loop per needle: much faster than a regular expression
     alternation, which tries every alternative at every offset."""
     positions: list[int] = []
     for needle in needles:
         position = text.find(needle)
+        if position >= 0 and found is not None:
+            found.add(needle)
         while position >= 0:
             positions.append(position)
             position = text.find(needle, position + 1)
