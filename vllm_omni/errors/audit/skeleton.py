@@ -92,7 +92,11 @@ def skeleton(text: str, hot: Sequence[str]) -> Skeleton | None:
     lines = text.split("\n")
     found: set[str] = set()
     keep = _kept(
-        statements, lines, _lines_with(text, hot, found), _lines_with(text, (";",))
+        statements,
+        lines,
+        _lines_with(text, hot, found),
+        _lines_with(text, (";",)),
+        future="__future__" in text,
     )
     replaced: list[tuple[int, int]] = []
     blanked: set[int] = set()
@@ -155,12 +159,14 @@ def _kept(
     lines: list[str],
     hot: list[int],
     semicolons: list[int],
+    *,
+    future: bool,
 ) -> list[bool]:
     """Per logical line: whether it must stay wherever it is (a hot token,
     an import, a class, a possible alias binding, the first statement)."""
     first_line, last_line = statements.first_line, statements.last_line
     kept = [token in _BINDING_FIRST for token in statements.first_token]
-    if kept:
+    if kept and future:
         kept[0] = True  # a module docstring: ``from __future__`` must follow
     for index in _statements_on(first_line, last_line, hot):
         kept[index] = True
