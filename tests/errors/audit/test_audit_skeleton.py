@@ -165,6 +165,21 @@ def test_clauses_decorators_match_and_one_line_statements() -> None:
     assert _rules(result) == [("OMNI001", 31)]
 
 
+def test_a_match_whose_cases_have_nothing_to_audit_keeps_its_cases() -> None:
+    result = _same(
+        """\
+        def f(kind):
+            match kind:  # HTTPStatus names the kinds
+                case 1:
+                    other = 2
+                case _:
+                    other = 3
+            raise ValueError(other)
+        """
+    )
+    assert _rules(result) == [("OMNI001", 7)]
+
+
 def test_a_broad_except_returning_a_client_error_is_found() -> None:
     result = _same(
         """\

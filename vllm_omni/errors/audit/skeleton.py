@@ -239,7 +239,9 @@ def _replaceable_runs(
                 yield statements.first_line[index], statements.last_line[boundary - 1]
                 index = boundary
                 continue
-        if header[index]:
+        # A ``match`` block holds ``case`` clauses, which ``pass`` cannot
+        # replace.
+        if header[index] and token[index] != "match":
             end = index + 1
             while end < count and depth[end] > level:
                 end += 1
