@@ -1,33 +1,34 @@
 """A file's skeleton: every statement nothing can be found in becomes ``pass``.
 
 Owns the cheap step before parsing. Parsing is most of a cold audit's cost
-and most statements of a file (assignments, calls, docstrings) can neither
-hold a finding nor change one. CPython's own tokenizer (the C one the parser
-uses, so logical lines, strings and brackets are split exactly as the parser
-splits them, about four times faster than parsing) finds each logical line;
-a simple statement whose lines hold no hot token is replaced by ``pass`` at
-its own line and indentation and its continuation lines are blanked. Every
-compound statement header (``if``, ``def``, ``except``, decorators, ...) and
-every import is kept verbatim, so the skeleton parses into the same tree of
-blocks, with the same line and column for every node kept: only the
-replaced statements differ, and they are ``Pass`` nodes.
+and most statements of a file (assignments, calls, docstrings, whole
+functions) can neither hold a finding nor change one. CPython's own tokenizer
+(the C one the parser uses, so logical lines, strings and brackets are split
+exactly as the parser splits them, in about a quarter of a parse's time)
+finds each logical line and its block depth. A statement is *kept* when one
+of its lines holds a hot substring (``scanner._HOT_STATEMENT``: the trigger
+tokens and ``import``), when it binds a name (an import, a class, a possible
+alias ``N = a.b`` or ``N = (a, b)``, a ``;`` line with an ``=``), or when it
+is the first statement of a file with ``from __future__``. Every stretch of
+whole statements of one block that are not kept - a compound statement with
+its block and clauses, a definition with its decorators - is replaced by
+one ``pass`` on its first line at its indentation, the rest of its lines
+blanked; so is the block of a kept header when none of it is kept. Every
+kept line is unchanged, so every node the scanner reads has the same line
+and column as in the whole file.
 
-A replaced statement cannot matter, given what the scanner reads (the
-scanner checks the rest after analysing the skeleton):
-
-- raises need ``raise``; OMNI002/OMNI003 returns and the expression rules
-  need a name or literal of ``scanner._TRIGGER_TOKENS`` - hot - or a local
-  alias of one, which the scanner looks for on replaced lines afterwards;
-- names are bound by imports and class statements (kept), and by
-  assignments ``N = a.b`` or ``N = (a, b)`` (kept: any single-name target
-  whose value has only names, dots, commas and parentheses);
-- a ``;`` or a one-line compound statement could hide any of these, so such
-  lines are kept (``;`` is hot; compound keywords are never replaced).
+A replaced statement cannot matter to the scanner: raises need ``raise``;
+OMNI002/OMNI003 returns and the expression rules need a trigger token or a
+local alias of one (the scanner looks for those aliases on the blanked lines
+afterwards and parses the file whole if one is there); names are bound only
+by statements that are kept. The scanner also checks that every ``pass``
+landed where it was put.
 
 What a skeleton hides is a syntax error inside a replaced statement (the
-tokenizer still rejects bad tokens, brackets, strings and indentation): such
-a file is audited instead of being an OMNI000 finding, the same trade the
-trigger prefilter makes for whole files.
+tokenizer still rejects bad tokens, brackets, strings and indentation, and
+the parser still checks the kept statements): such a file is audited instead
+of being an OMNI000 finding, the same trade the trigger prefilter makes for
+whole files.
 
 ``_tokenize.TokenizerIter`` is CPython 3.11's private binding of that
 tokenizer; where it is missing or behaves differently, there is no skeleton
