@@ -24,11 +24,11 @@ afterwards and parses the file whole if one is there); names are bound only
 by statements that are kept. The scanner also checks that every ``pass``
 landed where it was put.
 
-What a skeleton hides is a syntax error inside a replaced statement (the
-tokenizer still rejects bad tokens, brackets, strings and indentation, and
-the parser still checks the kept statements): such a file is audited instead
-of being an OMNI000 finding, the same trade the trigger prefilter makes for
-whole files.
+What a skeleton hides is a syntax error, or nesting too deep for the
+parser, inside a replaced statement (the tokenizer still rejects bad tokens,
+brackets, strings and indentation, and the parser still checks the kept
+statements): such a file is audited instead of being an OMNI000 finding,
+the same trade the trigger prefilter makes for whole files.
 
 ``_tokenize.TokenizerIter`` is CPython 3.11's private binding of that
 tokenizer; where it is missing or behaves differently, there is no skeleton
