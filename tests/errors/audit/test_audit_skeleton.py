@@ -61,11 +61,12 @@ def test_cold_statements_become_pass_and_the_rest_keeps_its_place() -> None:
     assert lines[:3] == original[:3]  # docstring, future, import
     # The cold function, header and all, is one pass; lines keep their place.
     assert lines[4:9] == ["pass", "", "", "", ""]
-    assert lines[9] == original[9]  # def check(value):
+    assert lines[9] == "def check():"  # parameters cannot matter
     assert lines[10:13] == ["    pass", "", ""]  # total = compute(...)
     assert lines[13:15] == original[13:15]  # the if and its raise
     assert lines[15] == "    pass"  # return total
     assert shape.replaced == [(5, 0), (11, 4), (16, 4)]
+    assert shape.headers == [(10, 0)]
     assert _rules(_same(source)) == [("OMNI001", 15)]
 
 
@@ -178,6 +179,23 @@ def test_a_match_whose_cases_have_nothing_to_audit_keeps_its_cases() -> None:
         """
     )
     assert _rules(result) == [("OMNI001", 7)]
+
+
+@pytest.mark.parametrize(
+    "default", ["code >= 0x1F4", "code >= 5_00", "code //  100 == 5"]
+)
+def test_a_header_with_a_status_bound_spelled_otherwise_is_kept(default: str) -> None:
+    # The scanner walks a function's parameters when its body has a hot
+    # line; these bounds have no hot token, so the header stays whole.
+    result = _same(
+        f"""\
+        def check(code, late={default}):
+            seen = code * 2
+            if code >= 500:
+                raise ValueError(seen)
+        """
+    )
+    assert _rules(result) == [("OMNI004", 1), ("OMNI004", 3), ("OMNI001", 4)]
 
 
 def test_a_broad_except_returning_a_client_error_is_found() -> None:

@@ -281,14 +281,22 @@ class _Scanner:
 
     def matches(self, shape: Skeleton, text: str) -> bool:
         """Whether this scan of ``shape`` is the whole file's: every ``pass``
-        that replaced a statement is one, and no replaced line names a local
-        alias of an error type, builder or status carrier."""
+        that replaced a statement is one, every cut-down header is a
+        function's, and no replaced line names a local alias of an error
+        type, builder or status carrier."""
         passes = {
             (stmt.lineno, stmt.col_offset)
             for stmt, _ in self._statements
             if isinstance(stmt, ast.Pass)
         }
-        if not passes.issuperset(shape.replaced):
+        functions = {
+            (stmt.lineno, stmt.col_offset)
+            for stmt, _ in self._statements
+            if isinstance(stmt, ast.FunctionDef)
+        }
+        if not (
+            passes.issuperset(shape.replaced) and functions.issuperset(shape.headers)
+        ):
             return False
         aliases = [
             name

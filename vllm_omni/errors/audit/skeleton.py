@@ -13,9 +13,11 @@ is the first statement of a file with ``from __future__``. Every stretch of
 whole statements of one block that are not kept - a compound statement with
 its block and clauses, a definition with its decorators - is replaced by
 one ``pass`` on its first line at its indentation, the rest of its lines
-blanked; so is the block of a kept header when none of it is kept. Every
-kept line is unchanged, so every node the scanner reads has the same line
-and column as in the whole file.
+blanked; so is the block of a kept header when none of it is kept. A
+``def`` header that stays but has no hot token becomes ``def name():`` (the
+scanner reads a function's name and its decorators, which are their own
+lines). Every other kept line is unchanged, so every node the scanner reads
+has the same line and column as in the whole file.
 
 A replaced statement cannot matter to the scanner: raises need ``raise``;
 OMNI002/OMNI003 returns and the expression rules need a trigger token or a
@@ -60,6 +62,9 @@ _BINDING_FIRST = frozenset({"import", "from", "class", "("})
 # call's) and line continuations, and at least one letter.
 _ALIAS_VALUE = re.compile(r"[\s\w.,()\\]*\Z")
 _CALL = re.compile(r"[\w)]\s*\(")
+# An integer literal that is not plain decimal: hexadecimal, octal, binary,
+# or with underscores (also matches names such as ``conv1_out``: kept).
+_OTHER_INTEGER = re.compile(r"\d[xXoObB_]")
 _LETTER = re.compile(r"[A-Za-z_]")
 # A value with one of these is an expression or a constant, never a name.
 _NOT_A_NAME = re.compile(
@@ -79,6 +84,8 @@ class Skeleton:
     blanked: frozenset[int]
     # The ``hot`` substrings that occur in the text (anywhere).
     found: frozenset[str]
+    # (line, column) of each ``def`` header cut down to ``def name():``.
+    headers: list[tuple[int, int]]
 
 
 def skeleton(text: str, hot: Sequence[str]) -> Skeleton | None:
@@ -92,24 +99,72 @@ def skeleton(text: str, hot: Sequence[str]) -> Skeleton | None:
         return None
     lines = text.split("\n")
     found: set[str] = set()
+    hot_statements = set(
+        _statements_on(
+            statements.first_line,
+            statements.last_line,
+            _lines_with(text, hot, found),
+        )
+    )
     keep = _kept(
         statements,
         lines,
-        _lines_with(text, hot, found),
+        hot_statements,
         _lines_with(text, (";",)),
         future="__future__" in text,
     )
     replaced: list[tuple[int, int]] = []
     blanked: set[int] = set()
     for first, last in _replaceable_runs(statements, keep):
-        line = lines[first - 1]
-        indent = line[: len(line) - len(line.lstrip())]
-        lines[first - 1] = indent + "pass"
-        for number in range(first, last):
-            lines[number] = ""
+        indent = _indent(lines[first - 1])
+        _replace(lines, first, last, indent + "pass")
         replaced.append((first, len(indent.encode())))
         blanked.update(range(first, last + 1))
-    return Skeleton("\n".join(lines), replaced, frozenset(blanked), frozenset(found))
+    headers: list[tuple[int, int]] = []
+    for index in _strippable_headers(statements, hot_statements, blanked, lines):
+        first, last = statements.first_line[index], statements.last_line[index]
+        indent = _indent(lines[first - 1])
+        _replace(lines, first, last, f"{indent}def {statements.second_token[index]}():")
+        headers.append((first, len(indent.encode())))
+        blanked.update(range(first, last + 1))
+    return Skeleton(
+        "\n".join(lines), replaced, frozenset(blanked), frozenset(found), headers
+    )
+
+
+def _indent(line: str) -> str:
+    return line[: len(line) - len(line.lstrip())]
+
+
+def _replace(lines: list[str], first: int, last: int, replacement: str) -> None:
+    """Lines ``first``..``last`` (1-based) become ``replacement`` and blanks."""
+    lines[first - 1] = replacement
+    for number in range(first, last):
+        lines[number] = ""
+
+
+def _strippable_headers(
+    statements: _Statements,
+    hot_statements: set[int],
+    blanked: set[int],
+    lines: list[str],
+) -> Iterator[int]:
+    """Indices of the ``def`` headers whose parameters, defaults and return
+    annotation cannot matter: the scanner reads a function's name and
+    decorators (their own lines, kept); it walks the header's expressions
+    only for a finding on a hot line, and one without a hot token could only
+    be a status bound spelled otherwise (``0x190``, ``4_00``) or a
+    ``//  100`` - such headers are kept whole."""
+    for index, token in enumerate(statements.first_token):
+        if token != "def" or not statements.header[index] or index in hot_statements:
+            continue
+        first, last = statements.first_line[index], statements.last_line[index]
+        if first in blanked:
+            continue
+        header = "\n".join(lines[first - 1 : last])
+        if "//" in header or _OTHER_INTEGER.search(header) is not None:
+            continue
+        yield index
 
 
 class _Statements(NamedTuple):
@@ -119,14 +174,15 @@ class _Statements(NamedTuple):
     last_line: list[int]
     depth: list[int]
     first_token: list[str]
-    # ``N = ...`` (a possible alias binding) or not.
-    assignment: list[bool]
+    second_token: list[str | None]
     # Ends with ``:``: a compound statement's header, its block follows.
     header: list[bool]
+    # ``N = ...`` (a possible alias binding) or not.
+    assignment: list[bool]
 
 
 def _logical_lines(text: str) -> _Statements | None:
-    rows: list[tuple[int, int, int, str, bool, bool]] = []
+    rows: list[tuple[int, int, int, str, str | None, bool]] = []
     append = rows.append
     first: str | None = None
     second: str | None = None
@@ -136,7 +192,7 @@ def _logical_lines(text: str) -> _Statements | None:
         for string, kind, line, _, _, _, _ in TokenizerIter(text):
             if kind == _NEWLINE:
                 if first is not None:
-                    append((start, line, depth, first, second == "=", previous == ":"))
+                    append((start, line, depth, first, second, previous == ":"))
                     first = None
             elif kind == _INDENT:
                 depth += 1
@@ -151,14 +207,15 @@ def _logical_lines(text: str) -> _Statements | None:
     except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
         return None
     if not rows:
-        return _Statements([], [], [], [], [], [])
-    return _Statements(*map(list, zip(*rows, strict=True)))
+        return _Statements([], [], [], [], [], [], [])
+    columns = [list(column) for column in zip(*rows, strict=True)]
+    return _Statements(*columns, [second == "=" for second in columns[4]])
 
 
 def _kept(
     statements: _Statements,
     lines: list[str],
-    hot: list[int],
+    hot_statements: set[int],
     semicolons: list[int],
     *,
     future: bool,
@@ -169,7 +226,7 @@ def _kept(
     kept = [token in _BINDING_FIRST for token in statements.first_token]
     if kept and future:
         kept[0] = True  # a module docstring: ``from __future__`` must follow
-    for index in _statements_on(first_line, last_line, hot):
+    for index in hot_statements:
         kept[index] = True
     candidates = {
         index for index, assignment in enumerate(statements.assignment) if assignment
