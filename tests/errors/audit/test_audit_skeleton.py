@@ -17,7 +17,7 @@ import textwrap
 import pytest
 
 from vllm_omni.errors.audit.scanner import FileResult, _skeleton_scanner, scan
-from vllm_omni.errors.audit.skeleton import skeleton
+from vllm_omni.errors.audit.skeleton import _lines_with, skeleton
 
 
 def _same(source: str, *, skeleton_used: bool = True) -> FileResult:
@@ -272,3 +272,11 @@ def test_what_the_skeleton_does_not_handle_is_parsed_whole(source: str) -> None:
     data = source.encode()
     assert _skeleton_scanner(data) is None
     assert scan(data).to_json() == scan(data, whole=True).to_json()
+
+
+def test_hot_lines_are_found_through_shared_probes() -> None:
+    text = "a = 1\nx = VLLMValidationError\n# 4000 and 599\nErrorInfo; Error\n"
+    found: set[str] = set()
+    needles = ("VLLMValidationError", "ErrorInfo", "400", "599", "raise")
+    assert sorted(set(_lines_with(text, needles, found))) == [2, 3, 4]
+    assert found == {"VLLMValidationError", "ErrorInfo", "400", "599"}
