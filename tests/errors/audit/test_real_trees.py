@@ -5,6 +5,9 @@ exception and top-level folder that the audit reported on the wheel before
 issue 16 (which an independent ``ast.walk`` census matched), with variables
 folded into one row; the prefilter, the walker and the rule fixes must not
 move one. The wheel is downloaded once with pip (``benchmarks.bench_audit``).
+
+Both real trees (the wheel and the installed vLLM 0.33) are also audited
+twice, from skeletons and from whole parses, and must give the same sites.
 """
 
 from __future__ import annotations
@@ -15,8 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.bench_audit import wheel_tree
-from vllm_omni.errors.audit.runner import run_audit
+from benchmarks.bench_audit import installed_vllm, wheel_tree
+from vllm_omni.errors.audit.runner import Report, run_audit
+from vllm_omni.errors.audit.scanner import (
+    _HOT_STATEMENT,
+    _TRIGGER_TOKENS,
+    _skeleton_scanner,
+)
+from vllm_omni.errors.audit.skeleton import skeleton
 
 from .conftest import FIXTURES
 
@@ -37,3 +46,49 @@ def test_the_wheel_inventory_is_pinned(wheel: Path) -> None:
     assert report.files == PINNED["files"] == 1609
     assert sum(map(sum, (c.values() for c in report.inventory.values()))) == 7571
     assert inventory == PINNED["inventory"]
+
+
+def _sites(report: Report) -> list[tuple[str, str, int, int, str, str, str]]:
+    return [
+        (f.rule, f.path, f.line, f.column, f.fingerprint, f.message, f.suggestion)
+        for f in report.findings
+    ]
+
+
+@pytest.fixture(scope="module", params=["vllm-omni 0.30.0", "vllm 0.33"])
+def real_tree(request: pytest.FixtureRequest) -> Path:
+    if request.param == "vllm 0.33":
+        return installed_vllm()
+    return request.getfixturevalue("wheel")
+
+
+def test_the_skeleton_finds_what_the_whole_parse_finds(real_tree: Path) -> None:
+    """Issue 16's speed work: every site (rule, file:line:col, fingerprint,
+    message, suggestion) and every inventory count equal the whole parse's."""
+    fast = run_audit([str(real_tree)], jobs=2, cache=None)
+    whole = run_audit([str(real_tree)], jobs=2, cache=None, whole=True)
+    assert fast.files == whole.files > 1500
+    assert fast.inventory == whole.inventory
+    assert _sites(fast) == _sites(whole)
+    assert len(_sites(fast)) > 5000
+
+
+def test_the_skeleton_is_used_for_nearly_every_file(wheel: Path) -> None:
+    """So the comparison above compares two paths, not one path with itself:
+    on the wheel, the skeleton is used for all but a handful of the files
+    with something to audit, and drops most statements."""
+    audited = fallbacks = kept = total = 0
+    for path in sorted(wheel.rglob("*.py")):
+        data = path.read_bytes()
+        if _TRIGGER_TOKENS.search(data) is None:
+            continue
+        audited += 1
+        fallbacks += _skeleton_scanner(data) is None
+        text = data.decode()
+        shape = skeleton(text, _HOT_STATEMENT)
+        if shape is not None:
+            kept += len(shape.source.split())
+            total += len(text.split())
+    assert audited > 900
+    assert fallbacks <= 5
+    assert kept < total / 3

@@ -23,7 +23,7 @@ from vllm_omni.errors.audit.scanner import FileResult
 # Keep at most this many entries: the current run's, plus older ones while
 # they fit (auditing two trees in turn stays warm for both).
 _MAX_ENTRIES = 200_000
-_VERSIONED_SOURCES = ("scanner.py", "rules.py", "cache.py")
+_VERSIONED_SOURCES = ("scanner.py", "skeleton.py", "rules.py", "cache.py")
 
 
 def default_cache_dir() -> Path:
@@ -77,7 +77,9 @@ class ScanCache:
             self._file.parent.mkdir(parents=True, exist_ok=True)
             handle, temporary = tempfile.mkstemp(dir=self._file.parent, suffix=".tmp")
             with os.fdopen(handle, "w", encoding="utf-8") as stream:
-                json.dump(entries, stream, separators=(",", ":"))
+                # ``dumps`` encodes in C; ``dump`` writes chunk by chunk from
+                # Python, several times slower on the cold run's 5,000 files.
+                stream.write(json.dumps(entries, separators=(",", ":")))
             os.replace(temporary, self._file)
         except OSError as exc:
             # A read-only cache directory slows the next run down; it must not

@@ -29,7 +29,7 @@ import os
 import stat
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +43,7 @@ from vllm_omni.errors.audit.usage import AuditUsageError
 
 ROOT_FOLDER = "."
 _PARALLEL_MIN_FILES = 32
-_CHUNKS_PER_JOB = 4
+_BATCH_FILES = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,10 +115,13 @@ def run_audit(
     cache: ScanCache | None,
     allowlist: Sequence[AllowEntry] = (),
     root: str | None = None,
+    whole: bool = False,
 ) -> Report:
-    """Audit ``paths`` (labelled relative to ``root``) and aggregate."""
+    """Audit ``paths`` (labelled relative to ``root``) and aggregate;
+    ``whole`` parses every file whole instead of its skeleton (the reference
+    the skeleton is tested against: same report, slower)."""
     project, files = discover(paths, root=root)
-    results = scan_files(files, jobs=jobs, cache=cache)
+    results = scan_files(files, jobs=jobs, cache=cache, whole=whole)
     return build_report(
         [_printable(path) for path in paths], project, files, results, allowlist
     )
@@ -239,29 +242,33 @@ class _Walker:
 
 
 def scan_files(
-    files: Sequence[SourceFile], *, jobs: int, cache: ScanCache | None
+    files: Sequence[SourceFile],
+    *,
+    jobs: int,
+    cache: ScanCache | None,
+    whole: bool = False,
 ) -> list[FileResult]:
     """One result per file, from the cache where the bytes are known."""
-    results: list[FileResult | None] = []
-    pending: list[tuple[int, Path, int]] = []
-    for index, source in enumerate(files):
-        if source.problem is not None:
-            results.append(_unreadable(source.problem))
-            continue
-        try:
-            data = read_regular(source.path)
-        except _Unreadable as exc:
-            results.append(_unreadable(exc.reason))
-            continue
-        cached = cache.get(_digest(data)) if cache is not None else None
-        results.append(cached)
-        if cached is None:
-            pending.append((index, source.path, len(data)))
-    scanned = _scan_pending([(path, size) for _, path, size in pending], jobs)
-    for (index, _, _), (digest, result) in zip(pending, scanned, strict=True):
-        results[index] = result
-        if cache is not None and digest:
-            cache.put(digest, result)
+    results: list[FileResult | None] = [None] * len(files)
+    with _Dispatch(jobs, whole=whole) as dispatch:
+        for index, source in enumerate(files):
+            if source.problem is not None:
+                results[index] = _unreadable(source.problem)
+                continue
+            try:
+                data = read_regular(source.path)
+            except _Unreadable as exc:
+                results[index] = _unreadable(exc.reason)
+                continue
+            cached = cache.get(_digest(data)) if cache is not None else None
+            if cached is None:
+                dispatch.add(index, source.path)
+            else:
+                results[index] = cached
+        for index, digest, result in dispatch.results():
+            results[index] = result
+            if cache is not None and digest:
+                cache.put(digest, result)
     if cache is not None:
         cache.save()
     return [result for result in results if result is not None]
@@ -306,22 +313,63 @@ def build_report(
     return report
 
 
-def _scan_pending(
-    pending: list[tuple[Path, int]], jobs: int
+class _Dispatch:
+    """Scans the files handed to it: in this process while they are few, in
+    a process pool from ``_PARALLEL_MIN_FILES`` on. Files go to the pool in
+    batches of ``_BATCH_FILES`` while the caller is still reading and hashing
+    the rest (that overlaps), and the pool hands batches to whichever worker
+    is free (that balances)."""
+
+    def __init__(self, jobs: int, *, whole: bool) -> None:
+        self._jobs = jobs
+        self._whole = whole
+        self._waiting: list[tuple[int, Path]] = []
+        self._pool: ProcessPoolExecutor | None = None
+        self._batches: list[tuple[list[int], Future[list[tuple[str, FileResult]]]]] = []
+
+    def __enter__(self) -> _Dispatch:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+
+    def add(self, index: int, path: Path) -> None:
+        self._waiting.append((index, path))
+        if self._jobs <= 1:
+            return
+        started = self._pool is not None
+        if len(self._waiting) >= (_BATCH_FILES if started else _PARALLEL_MIN_FILES):
+            self._submit()
+
+    def results(self) -> Iterator[tuple[int, str, FileResult]]:
+        """(file index, digest, result) of every file added, in order."""
+        if self._pool is None:
+            indices = [index for index, _ in self._waiting]
+            scanned = _scan_chunk(
+                [path for _, path in self._waiting], whole=self._whole
+            )
+            batches = [(indices, scanned)]
+        else:
+            if self._waiting:
+                self._submit()
+            batches = [(indices, batch.result()) for indices, batch in self._batches]
+        for indices, scanned in batches:
+            for index, (digest, result) in zip(indices, scanned, strict=True):
+                yield index, digest, result
+
+    def _submit(self) -> None:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(max_workers=self._jobs)
+        paths = [path for _, path in self._waiting]
+        batch = self._pool.submit(_scan_chunk, paths, whole=self._whole)
+        self._batches.append(([index for index, _ in self._waiting], batch))
+        self._waiting = []
+
+
+def _scan_chunk(
+    paths: Sequence[Path], *, whole: bool = False
 ) -> list[tuple[str, FileResult]]:
-    if jobs <= 1 or len(pending) < _PARALLEL_MIN_FILES:
-        return _scan_chunk([path for path, _ in pending])
-    chunks = _balanced_chunks(pending, jobs * _CHUNKS_PER_JOB)
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        done = list(pool.map(_scan_chunk, [chunk for _, chunk in chunks]))
-    ordered: list[tuple[str, FileResult] | None] = [None] * len(pending)
-    for (positions, _), results in zip(chunks, done, strict=True):
-        for position, result in zip(positions, results, strict=True):
-            ordered[position] = result
-    return [result for result in ordered if result is not None]
-
-
-def _scan_chunk(paths: Sequence[Path]) -> list[tuple[str, FileResult]]:
     """Scan files (in a worker or here): (sha256 of the bytes read, result).
 
     The digest is of the bytes this call read, so a file edited since the
@@ -335,24 +383,8 @@ def _scan_chunk(paths: Sequence[Path]) -> list[tuple[str, FileResult]]:
             except _Unreadable as exc:
                 scanned.append(("", _unreadable(exc.reason)))
                 continue
-            scanned.append((_digest(data), scan(data)))
+            scanned.append((_digest(data), scan(data, whole=whole)))
     return scanned
-
-
-def _balanced_chunks(
-    pending: list[tuple[Path, int]], count: int
-) -> list[tuple[list[int], list[Path]]]:
-    """Split into ``count`` chunks of similar byte size, largest files first."""
-    order = sorted(range(len(pending)), key=lambda i: -pending[i][1])
-    chunks: list[tuple[list[int], list[Path]]] = [([], []) for _ in range(count)]
-    sizes = [0] * count
-    for position in order:
-        path, size = pending[position]
-        smallest = sizes.index(min(sizes))
-        chunks[smallest][0].append(position)
-        chunks[smallest][1].append(path)
-        sizes[smallest] += size + 1
-    return [chunk for chunk in chunks if chunk[1]]
 
 
 @contextmanager

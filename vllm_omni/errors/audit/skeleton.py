@@ -1,0 +1,368 @@
+"""A file's skeleton: every statement nothing can be found in becomes ``pass``.
+
+Owns the cheap step before parsing. Parsing is most of a cold audit's cost
+and most statements of a file (assignments, calls, docstrings, whole
+functions) can neither hold a finding nor change one. CPython's own tokenizer
+(the C one the parser uses, so logical lines, strings and brackets are split
+exactly as the parser splits them, in about a quarter of a parse's time)
+finds each logical line and its block depth. A statement is *kept* when one
+of its lines holds a hot substring (``scanner._HOT_STATEMENT``: the trigger
+tokens and ``import``), when it binds a name (an import, a class, a possible
+alias ``N = a.b`` or ``N = (a, b)``, a ``;`` line with an ``=``), or when it
+is the first statement of a file with ``from __future__``. Every stretch of
+whole statements of one block that are not kept - a compound statement with
+its block and clauses, a definition with its decorators - is replaced by
+one ``pass`` on its first line at its indentation, the rest of its lines
+blanked; so is the block of a kept header when none of it is kept. A
+``def`` header that stays but has no hot token becomes ``def name():`` (the
+scanner reads a function's name and its decorators, which are their own
+lines). Every other kept line is unchanged, so every node the scanner reads
+has the same line and column as in the whole file.
+
+A replaced statement cannot matter to the scanner: raises need ``raise``;
+OMNI002/OMNI003 returns and the expression rules need a trigger token or a
+local alias of one (the scanner looks for those aliases on the blanked lines
+afterwards and parses the file whole if one is there); names are bound only
+by statements that are kept. The scanner also checks that every ``pass``
+landed where it was put.
+
+What a skeleton hides is a syntax error, or nesting too deep for the
+parser, inside a replaced statement (the tokenizer still rejects bad tokens,
+brackets, strings and indentation, and the parser still checks the kept
+statements): such a file is audited instead of being an OMNI000 finding,
+the same trade the trigger prefilter makes for whole files.
+
+``_tokenize.TokenizerIter`` is CPython 3.11's private binding of that
+tokenizer; where it is missing or behaves differently, there is no skeleton
+and the file is parsed whole (slower, same results).
+"""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_right
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import NamedTuple
+
+try:
+    from _tokenize import TokenizerIter
+except ImportError:  # not CPython 3.11-compatible: always parse whole files
+    TokenizerIter = None
+
+_NEWLINE, _INDENT, _DEDENT = 4, 5, 6
+# Clauses continue the compound statement before them: a stretch never
+# starts at one, nor ends just before one.
+_CLAUSES = frozenset({"elif", "else", "except", "finally", "case"})
+# Statements that bind names (imports, classes, ``(E) = X``) are never
+# dropped, even inside a block that is otherwise replaced.
+_BINDING_FIRST = frozenset({"import", "from", "class", "("})
+# ``N = <value>`` may bind an alias when the value is a name, an attribute
+# chain or a tuple of them: only names, dots, commas, parentheses (not a
+# call's) and line continuations, and at least one letter.
+_ALIAS_VALUE = re.compile(r"[\s\w.,()\\]*\Z")
+_CALL = re.compile(r"[\w)]\s*\(")
+# Short substrings shared by several hot needles (``VLLMValidationError``,
+# ``OmniClientError``, ... all contain ``Error``; the status bounds ``00`` or
+# ``99``): one search each instead of one per needle.
+_PROBES = ("Error", "00", "99", "HTTP", "_error")
+# An integer literal that is not plain decimal: hexadecimal, octal, binary,
+# or with underscores (also matches names such as ``conv1_out``: kept).
+_OTHER_INTEGER = re.compile(r"\d[xXoObB_]")
+_LETTER = re.compile(r"[A-Za-z_]")
+# A value with one of these is an expression or a constant, never a name.
+_NOT_A_NAME = re.compile(
+    r"\b(?:if|else|and|or|not|is|in|for|lambda|await|yield|None|True|False)\b"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Skeleton:
+    """The source to parse instead, and where its ``pass`` statements are."""
+
+    source: str
+    # (line, column) of each ``pass`` that replaced a statement; column in
+    # UTF-8 bytes, as the ``ast`` reports it.
+    replaced: list[tuple[int, int]]
+    # 1-based numbers of every line that was replaced or blanked.
+    blanked: frozenset[int]
+    # The ``hot`` substrings that occur in the text (anywhere).
+    found: frozenset[str]
+    # (line, column) of each ``def`` header cut down to ``def name():``.
+    headers: list[tuple[int, int]]
+
+
+def skeleton(text: str, hot: Sequence[str]) -> Skeleton | None:
+    """``text``'s skeleton, keeping every statement with one of the ``hot``
+    substrings on one of its lines; None when the tokenizer is unavailable or
+    rejects the text, or the text has line breaks other than ``\\n``."""
+    if TokenizerIter is None or "\r" in text or "\0" in text:
+        return None
+    statements = _logical_lines(text)
+    if statements is None:
+        return None
+    lines = text.split("\n")
+    found: set[str] = set()
+    hot_statements = set(
+        _statements_on(
+            statements.first_line,
+            statements.last_line,
+            _lines_with(text, hot, found),
+        )
+    )
+    keep = _kept(
+        statements,
+        lines,
+        hot_statements,
+        _lines_with(text, (";",)),
+        future="__future__" in text,
+    )
+    replaced: list[tuple[int, int]] = []
+    blanked: set[int] = set()
+    for first, last in _replaceable_runs(statements, keep):
+        indent = _indent(lines[first - 1])
+        _replace(lines, first, last, indent + "pass")
+        replaced.append((first, len(indent.encode())))
+        blanked.update(range(first, last + 1))
+    headers: list[tuple[int, int]] = []
+    for index in _strippable_headers(statements, hot_statements, blanked, lines):
+        first, last = statements.first_line[index], statements.last_line[index]
+        indent = _indent(lines[first - 1])
+        _replace(lines, first, last, f"{indent}def {statements.second_token[index]}():")
+        headers.append((first, len(indent.encode())))
+        blanked.update(range(first, last + 1))
+    return Skeleton(
+        "\n".join(lines), replaced, frozenset(blanked), frozenset(found), headers
+    )
+
+
+def _indent(line: str) -> str:
+    return line[: len(line) - len(line.lstrip())]
+
+
+def _replace(lines: list[str], first: int, last: int, replacement: str) -> None:
+    """Lines ``first``..``last`` (1-based) become ``replacement`` and blanks."""
+    lines[first - 1] = replacement
+    for number in range(first, last):
+        lines[number] = ""
+
+
+def _strippable_headers(
+    statements: _Statements,
+    hot_statements: set[int],
+    blanked: set[int],
+    lines: list[str],
+) -> Iterator[int]:
+    """Indices of the ``def`` headers whose parameters, defaults and return
+    annotation cannot matter: the scanner reads a function's name and
+    decorators (their own lines, kept); it walks the header's expressions
+    only for a finding on a hot line, and one without a hot token could only
+    be a status bound spelled otherwise (``0x190``, ``4_00``) or a
+    ``//  100`` - such headers are kept whole."""
+    for index, token in enumerate(statements.first_token):
+        if token != "def" or not statements.header[index] or index in hot_statements:
+            continue
+        first, last = statements.first_line[index], statements.last_line[index]
+        if first in blanked:
+            continue
+        header = "\n".join(lines[first - 1 : last])
+        if "//" in header or _OTHER_INTEGER.search(header) is not None:
+            continue
+        yield index
+
+
+class _Statements(NamedTuple):
+    """The logical lines of a file, as parallel lists (cheaper than objects)."""
+
+    first_line: list[int]
+    last_line: list[int]
+    depth: list[int]
+    first_token: list[str]
+    second_token: list[str | None]
+    # Ends with ``:``: a compound statement's header, its block follows.
+    header: list[bool]
+    # ``N = ...`` (a possible alias binding) or not.
+    assignment: list[bool]
+
+
+def _logical_lines(text: str) -> _Statements | None:
+    rows: list[tuple[int, int, int, str, str | None, bool]] = []
+    append = rows.append
+    first: str | None = None
+    second: str | None = None
+    start = depth = 0
+    previous = ""
+    try:
+        for string, kind, line, _, _, _, _ in TokenizerIter(text):
+            if kind == _NEWLINE:
+                if first is not None:
+                    append((start, line, depth, first, second, previous == ":"))
+                    first = None
+            elif kind == _INDENT:
+                depth += 1
+            elif kind == _DEDENT:
+                depth -= 1
+            else:
+                if first is None:
+                    first, second, start = string, None, line
+                elif second is None:
+                    second = string
+                previous = string
+    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+        return None
+    if not rows:
+        return _Statements([], [], [], [], [], [], [])
+    columns = [list(column) for column in zip(*rows, strict=True)]
+    return _Statements(*columns, [second == "=" for second in columns[4]])
+
+
+def _kept(
+    statements: _Statements,
+    lines: list[str],
+    hot_statements: set[int],
+    semicolons: list[int],
+    *,
+    future: bool,
+) -> list[bool]:
+    """Per logical line: whether it must stay wherever it is (a hot token,
+    an import, a class, a possible alias binding, the first statement)."""
+    first_line, last_line = statements.first_line, statements.last_line
+    kept = [token in _BINDING_FIRST for token in statements.first_token]
+    if kept and future:
+        kept[0] = True  # a module docstring: ``from __future__`` must follow
+    for index in hot_statements:
+        kept[index] = True
+    candidates = {
+        index for index, assignment in enumerate(statements.assignment) if assignment
+    }
+    candidates.update(_statements_on(first_line, last_line, semicolons))
+    for index in candidates:
+        if kept[index]:
+            continue
+        statement = "\n".join(lines[first_line[index] - 1 : last_line[index]])
+        # ``N = a.b``, or ``x(); N = a.b``: ``;`` may start any statement.
+        kept[index] = (
+            "#" in statement
+            or (";" in statement and "=" in statement)
+            or (
+                statements.assignment[index] and _may_alias(statement.partition("=")[2])
+            )
+        )
+    return kept
+
+
+def _statements_on(
+    first_line: list[int], last_line: list[int], numbers: list[int]
+) -> Iterator[int]:
+    """Indices of the logical lines that span any of the line ``numbers``."""
+    for number in numbers:
+        index = bisect_right(first_line, number) - 1
+        if index >= 0 and last_line[index] >= number:
+            yield index
+
+
+def _replaceable_runs(
+    statements: _Statements, kept: list[bool]
+) -> Iterator[tuple[int, int]]:
+    """(first line, last line) of each stretch to replace by one ``pass``:
+    consecutive whole statements of one block that are all droppable (a
+    compound one with its block and clauses, a definition with its
+    decorators), else the block of a kept header when all of it is."""
+    depth, header, token = statements.depth, statements.header, statements.first_token
+    count = len(depth)
+    # Whether logical line i starts a statement of its block: not a clause
+    # (``else:`` continues the statement before it), not a definition after
+    # its decorator.
+    starts = [
+        first not in _CLAUSES and not (before == "@" and level_before == level)
+        for first, before, level, level_before in zip(
+            token, ["", *token], depth, [-1, *depth], strict=False
+        )
+    ]
+    # The first index at or after i that is kept (count when none).
+    next_kept = [count] * (count + 1)
+    for index in range(count - 1, -1, -1):
+        next_kept[index] = index if kept[index] else next_kept[index + 1]
+    index = 0
+    while index < count:
+        level = depth[index]
+        if starts[index] and not kept[index]:
+            boundary = index
+            probe = index + 1
+            while probe < count and depth[probe] >= level:
+                if depth[probe] == level and starts[probe]:
+                    boundary = probe
+                if kept[probe]:
+                    break
+                probe += 1
+            else:
+                boundary = probe  # the block (or the file) ends here
+            if boundary > index:
+                yield statements.first_line[index], statements.last_line[boundary - 1]
+                index = boundary
+                continue
+        # A ``match`` block holds ``case`` clauses, which ``pass`` cannot
+        # replace.
+        if header[index] and token[index] != "match":
+            end = index + 1
+            while end < count and depth[end] > level:
+                end += 1
+            if end > index + 1 and next_kept[index + 1] >= end:
+                yield statements.first_line[index + 1], statements.last_line[end - 1]
+                index = end
+                continue
+        index += 1
+
+
+def _may_alias(value: str) -> bool:
+    return (
+        _ALIAS_VALUE.match(value) is not None
+        and _LETTER.search(value) is not None
+        and _CALL.search(value) is None
+        and _NOT_A_NAME.search(value) is None
+    )
+
+
+def _lines_with(
+    text: str, needles: Sequence[str], found: set[str] | None = None
+) -> list[int]:
+    """The 1-based numbers of the lines on which one of ``needles`` occurs;
+    the needles that occur are added to ``found``.
+
+    ``str.find`` loops, much faster than a regular expression alternation
+    (which tries every alternative at every offset); needles that share a
+    ``_PROBES`` substring are found with one loop for it, then checked."""
+    positions: list[int] = []
+    for probe, members in _grouped(tuple(needles)):
+        position = text.find(probe)
+        while position >= 0:
+            for needle, offset in members:
+                start = position - offset
+                if start >= 0 and text.startswith(needle, start):
+                    positions.append(start)
+                    if found is not None:
+                        found.add(needle)
+            position = text.find(probe, position + 1)
+    numbers: list[int] = []
+    line, previous = 1, 0
+    for position in sorted(positions):
+        line += text.count("\n", previous, position)
+        previous = position
+        numbers.append(line)
+    return numbers
+
+
+@lru_cache(maxsize=8)
+def _grouped(
+    needles: tuple[str, ...],
+) -> tuple[tuple[str, tuple[tuple[str, int], ...]], ...]:
+    """``needles`` by the probe to search for: the first of ``_PROBES`` the
+    needle contains, else the needle itself; with each offset of the probe
+    in the needle."""
+    groups: dict[str, list[tuple[str, int]]] = {}
+    for needle in needles:
+        probe = next((p for p in _PROBES if p in needle), needle)
+        offsets = [i for i in range(len(needle)) if needle.startswith(probe, i)]
+        groups.setdefault(probe, []).extend((needle, i) for i in offsets)
+    return tuple((probe, tuple(members)) for probe, members in groups.items())
