@@ -98,6 +98,26 @@ def _wait_in_flight(server: OmniServer, expected: float) -> None:
         time.sleep(0.05)
 
 
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def _503s_by_transport(
+    before: Samples, after: Samples, transports: tuple[str, ...]
+) -> dict[str, float]:
+    """Growth of ``errors_total`` 503s per transport between two scrapes."""
+    return {
+        transport: sample_delta(
+            before,
+            after,
+            "vllm_omni:errors_total",
+            transport=transport,
+            code="503",
+            type="Service Unavailable",
+        )
+        for transport in transports
+    }
+
+
 def _assert_busy(error: dict[str, Any]) -> None:
     assert {k: error[k] for k in ("message", "type", "param", "code")} == {
         "message": BUSY,
@@ -196,17 +216,7 @@ def test_refused_on_every_transport_then_served(server: OmniServer) -> None:
             )
             == 4
         )
-        by_transport = {
-            transport: sample_delta(
-                before,
-                after,
-                "vllm_omni:errors_total",
-                transport=transport,
-                code="503",
-                type="Service Unavailable",
-            )
-            for transport in ("http", "websocket", "job")
-        }
+        by_transport = _503s_by_transport(before, after, ("http", "websocket", "job"))
         # http: SDK, stream, and the failed job's content read back.
         assert by_transport == {"http": 3, "websocket": 1, "job": 1}
         assert after[("vllm_omni:requests_in_flight", ())] == LIMIT
@@ -334,17 +344,7 @@ def test_a_full_stage_refuses_on_every_transport(server: OmniServer) -> None:
             for stage in ("", str(TALKER))
         }
         assert rejections == {"": 0, str(TALKER): 4}
-        by_transport = {
-            transport: sample_delta(
-                before,
-                after,
-                "vllm_omni:errors_total",
-                transport=transport,
-                code="503",
-                type="Service Unavailable",
-            )
-            for transport in ("http", "sse", "websocket")
-        }
+        by_transport = _503s_by_transport(before, after, ("http", "sse", "websocket"))
         assert by_transport == {"http": 2, "sse": 1, "websocket": 1}
         # A refusal is not an abort anyone asked for.
         assert sample_delta(before, after, "vllm_omni:aborts_total") == 0
