@@ -502,6 +502,11 @@ def test_405_carries_allow(
             "Invalid request: seed: Input should be greater than or equal to "
             "-9223372036854775808",
         ),
+        (
+            {"extra_body": {"ignore_eos": "yes"}},
+            "ignore_eos",
+            "Invalid request: ignore_eos: Input should be a valid boolean",
+        ),
     ],
 )
 def test_token_and_seed_rules_name_the_field(

@@ -226,6 +226,25 @@ async def test_a_sampling_value_of_the_wrong_type_is_a_400() -> None:
     assert built and built[0].sampling_params is None
 
 
+@pytest.mark.parametrize(("params", "expected"), [({}, False), ({"ignore_eos": True}, True)])
+async def test_ignore_eos_reaches_the_sampling_params(
+    params: dict[str, Any], expected: bool
+) -> None:
+    stage, built = make_stage([completion("x", "length")])
+    _, details = await run_like_the_worker(stage, params)
+    assert details is None
+    assert built[0].sampling_params.ignore_eos is expected
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None])
+async def test_ignore_eos_that_is_not_a_bool_is_a_400(value: object) -> None:
+    stage, built = make_stage([completion("never")])
+    _, details = await run_like_the_worker(stage, {"ignore_eos": value})
+    assert details is not None
+    assert (details.status_code, details.parameter) == (400, "ignore_eos")
+    assert built and built[0].sampling_params is None
+
+
 LORA_ARGS = {"model": "facebook/opt-125m", "enable_lora": True}
 
 

@@ -69,6 +69,14 @@ def _number(params: Mapping[str, Any], name: str, kind: type | tuple[type, ...])
     raise VLLMValidationError(f"{name} has the wrong type", parameter=name)
 
 
+def _flag(params: Mapping[str, Any], name: str) -> bool:
+    """``params[name]`` as a bool (absent: ``False``), else a 400."""
+    value = params.get(name, False)
+    if isinstance(value, bool):
+        return value
+    raise VLLMValidationError(f"{name} has the wrong type", parameter=name)
+
+
 def _sampling_params(params: Mapping[str, Any]) -> Any:
     """Upstream ``SamplingParams``: upstream validates the values and names the
     offending ``parameter`` (``VLLMValidationError``)."""
@@ -80,6 +88,8 @@ def _sampling_params(params: Mapping[str, Any]) -> Any:
         max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
         temperature=0.0 if temperature is None else float(temperature),
         seed=_number(params, "seed", int),
+        # vLLM's extension: generate max_tokens whatever the model's EOS.
+        ignore_eos=_flag(params, "ignore_eos"),
         output_kind=RequestOutputKind.DELTA,
     )
 

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from starlette.responses import StreamingResponse
 
 from vllm_omni.entrypoints.openai.routes.common import (
@@ -71,6 +71,8 @@ class ChatCompletionRequest(BaseModel):
     max_completion_tokens: PositiveInt64 | None = None
     temperature: float | None = None
     seed: Int64 | None = None
+    # vLLM's extension (``extra_body``): generate max_tokens, past any EOS.
+    ignore_eos: StrictBool | None = None
     modalities: list[Literal["text", "audio"]] | None = None
     audio: AudioOptions | None = None
 
@@ -102,6 +104,8 @@ def _params(request: ChatCompletionRequest) -> dict[str, Any]:
         params["temperature"] = request.temperature
     if request.seed is not None:
         params["seed"] = request.seed
+    if request.ignore_eos is not None:
+        params["ignore_eos"] = request.ignore_eos
     if request.audio is not None:
         params["voice"] = request.audio.voice
     # A LoRA adapter by name (``extra_body={"lora": ...}``); the stage decides.
