@@ -68,10 +68,12 @@ def error_of(exc: openai.APIStatusError) -> dict[str, Any]:
 
 
 def test_completion_and_stream(client: openai.OpenAI) -> None:
-    reply = chat(client, "hello world", max_tokens=8)
+    # ignore_eos: the random model may pick its EOS early on some CPUs.
+    full = {"max_tokens": 8, "extra_body": {"ignore_eos": True}}
+    reply = chat(client, "hello world", **full)
     assert reply.choices[0].finish_reason == "length"
     assert reply.choices[0].message.content
-    chunks = list(chat(client, "hello world", max_tokens=8, stream=True))
+    chunks = list(chat(client, "hello world", stream=True, **full))
     text = "".join(c.choices[0].delta.content or "" for c in chunks)
     # Greedy decoding: the stream is the same text as the plain completion.
     assert text == reply.choices[0].message.content
@@ -117,7 +119,12 @@ def test_prompt_over_max_model_len_is_a_400_with_its_param(
 
 
 def test_known_adapter_serves(client: openai.OpenAI) -> None:
-    reply = chat(client, "hello world", max_tokens=8, extra_body={"lora": ADAPTER})
+    reply = chat(
+        client,
+        "hello world",
+        max_tokens=8,
+        extra_body={"lora": ADAPTER, "ignore_eos": True},
+    )
     assert reply.choices[0].finish_reason == "length"
     assert reply.choices[0].message.content
 
@@ -145,6 +152,6 @@ def test_unknown_adapter_is_a_404_and_the_engine_keeps_serving(
     assert unknown not in json.dumps(error)
     # The EngineCore never saw the path: it is alive and serves the next one.
     assert httpx.get(server.base_url + "/health", timeout=5).status_code == 200
-    reply = chat(client, "hello world", max_tokens=4)
+    reply = chat(client, "hello world", max_tokens=4, extra_body={"ignore_eos": True})
     assert reply.choices[0].finish_reason == "length"
     assert "LoRAAdapterNotFoundError" not in server.log()
