@@ -226,7 +226,9 @@ async def test_a_sampling_value_of_the_wrong_type_is_a_400() -> None:
     assert built and built[0].sampling_params is None
 
 
-@pytest.mark.parametrize(("params", "expected"), [({}, False), ({"ignore_eos": True}, True)])
+@pytest.mark.parametrize(
+    ("params", "expected"), [({}, False), ({"ignore_eos": True}, True)]
+)
 async def test_ignore_eos_reaches_the_sampling_params(
     params: dict[str, Any], expected: bool
 ) -> None:
