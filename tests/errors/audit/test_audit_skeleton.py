@@ -17,7 +17,12 @@ import textwrap
 import pytest
 
 from vllm_omni.errors.audit.scanner import FileResult, _skeleton_scanner, scan
-from vllm_omni.errors.audit.skeleton import _lines_with, skeleton
+from vllm_omni.errors.audit.skeleton import (
+    _cut_cold_bodies,
+    _lines_with,
+    _positions,
+    skeleton,
+)
 
 
 def _same(source: str, *, skeleton_used: bool = True) -> FileResult:
@@ -280,3 +285,109 @@ def test_hot_lines_are_found_through_shared_probes() -> None:
     needles = ("VLLMValidationError", "ErrorInfo", "400", "599", "raise")
     assert sorted(set(_lines_with(text, needles, found))) == [2, 3, 4]
     assert found == {"VLLMValidationError", "ErrorInfo", "400", "599"}
+
+
+# -- function bodies cut before tokenizing --------------------------------------
+
+
+def test_a_cold_body_is_cut_before_tokenizing_and_its_pass_replaced_again() -> None:
+    source = textwrap.dedent(
+        """\
+        def cold(
+            x: int,
+        ) -> int:
+            y = x + 1
+            return y
+
+        def hot():
+            raise ValueError("x")
+        """
+    )
+    lines = source.split("\n")
+    hot = _positions(source, ("raise", "import"))
+    # The tokenizer never sees the cold body: one pass at its indentation.
+    assert _cut_cold_bodies(source, lines, hot) == ([(4, 4)], {4, 5, 6})
+    assert lines[3:6] == ["    pass", "", ""]
+    shape = skeleton(source, ("raise", "import"))
+    assert shape is not None
+    # Then the cold function (its signature over three lines) is one pass,
+    # as before; only the hot one's raise stays.
+    assert shape.source.split("\n")[:5] == ["pass", "", "", "", ""]
+    assert _rules(_same(source)) == [("OMNI001", 8)]
+
+
+def test_a_body_that_binds_outside_itself_is_not_cut() -> None:
+    # ``global``: the function binds a module name the raise below uses.
+    result = _same(
+        """\
+        def install():
+            global Boom
+            Boom = ValueError
+
+        def hot():
+            raise Boom("x")
+        """
+    )
+    assert _rules(result) == [("OMNI001", 6)]
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        # A def in a docstring, with an indented "body" that is text.
+        '''\
+        def hot():
+            """Example:
+
+            def example():
+                return 1
+            """
+            raise ValueError("x")
+        ''',
+        # A body whose string goes on at column 0: the cut would end there.
+        '''\
+        def cold():
+            text = """
+        line at column 0
+        """
+            return text
+
+        def hot():
+            raise ValueError("x")
+        ''',
+        # A raise message over several lines, with a def in it.
+        '''\
+        def hot():
+            raise ValueError(
+                """
+            def f():
+                x = 1
+                """
+            )
+        ''',
+    ],
+    ids=["def-in-docstring", "string-at-column-0", "def-in-a-raise-message"],
+)
+def test_what_only_looks_like_a_body_gives_the_whole_parse_result(
+    source: str,
+) -> None:
+    scan_result = scan(textwrap.dedent(source).encode())
+    whole = scan(textwrap.dedent(source).encode(), whole=True)
+    assert scan_result.to_json() == whole.to_json()
+    assert [rule for rule, _ in _rules(whole)] == ["OMNI001"]
+
+
+def test_an_unterminated_string_in_a_cold_body_is_the_documented_trade() -> None:
+    # Like ``y = = x`` in a dropped statement: the body is cut before the
+    # tokenizer sees it, so the file is audited; the whole parse reports it.
+    data = textwrap.dedent(
+        """\
+        def cold(x):
+            y = "unterminated
+
+        def hot():
+            raise ValueError("x")
+        """
+    ).encode()
+    assert [f.rule for f in scan(data).findings] == ["OMNI001"]
+    assert [f.rule for f in scan(data, whole=True).findings] == ["OMNI000"]
