@@ -64,7 +64,15 @@ def test_chat_text(client: openai.OpenAI) -> None:
         model=MODEL, messages=[{"role": "user", "content": "hello there"}], max_tokens=8
     )
     assert completion.object == "chat.completion"
-    assert completion.choices[0].message.content.startswith("You said:")
+    assert completion.choices[0].message.content == "You said: hello there"
+    # The reference stages count words as tokens (a vllm stage reports the
+    # engine's counts instead: tests/real_engine/test_http.py).
+    assert completion.usage is not None
+    assert (
+        completion.usage.prompt_tokens,
+        completion.usage.completion_tokens,
+        completion.usage.total_tokens,
+    ) == (2, 4, 6)
 
 
 def test_chat_text_and_audio(client: openai.OpenAI) -> None:

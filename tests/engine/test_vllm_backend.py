@@ -147,7 +147,12 @@ async def test_streams_deltas_and_builds_the_engine_lazily() -> None:
     chunks, error = await run_like_the_worker(stage, {"max_tokens": 5, "seed": 1})
     assert error is None
     assert [c.text for c in chunks] == ["Hel", "lo"]
-    assert chunks[-1].meta == {"finish_reason": "stop"}
+    # The last chunk carries the engine's token counts, for the usage.
+    assert chunks[-1].meta == {
+        "finish_reason": "stop",
+        "prompt_tokens": 1,
+        "completion_tokens": 2,
+    }
     sampling = built[0].sampling_params
     assert (sampling.max_tokens, sampling.seed) == (5, 1)
     await stage.shutdown()

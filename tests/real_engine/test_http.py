@@ -72,6 +72,14 @@ def test_completion_and_stream(client: openai.OpenAI) -> None:
     full = {"max_tokens": 8, "extra_body": {"ignore_eos": True}}
     reply = chat(client, "hello world", **full)
     assert reply.choices[0].finish_reason == "length"
+    # The engine's token counts, not words (the reply runs tokens together):
+    # 8 tokens generated; the prompt is the messages' text, "hello" and
+    # " world" in the tiny model's vocabulary.
+    assert (
+        reply.usage.prompt_tokens,
+        reply.usage.completion_tokens,
+        reply.usage.total_tokens,
+    ) == (2, 8, 10)
     assert reply.choices[0].message.content
     chunks = list(chat(client, "hello world", stream=True, **full))
     text = "".join(c.choices[0].delta.content or "" for c in chunks)

@@ -170,6 +170,8 @@ class VLLMStage(Stage):
         stream = self._engine.generate(
             request.prompt, sampling, request.request_id, lora_request=lora
         )
+        # Token counts for the response's usage: deltas carry their own ids.
+        prompt_tokens = completion_tokens = 0
         # Closing the stream on cancel lets AsyncLLM abort the request itself.
         try:
             async for output in stream:
@@ -182,11 +184,18 @@ class VLLMStage(Stage):
                             stage_id=self.config.id,
                         )
                     )
+                if output.prompt_token_ids:
+                    prompt_tokens = len(output.prompt_token_ids)
                 for completion in output.outputs[:1]:
                     if completion.finish_reason == "error":
                         raise GenerationError("Internal server error")
+                    completion_tokens += len(completion.token_ids or ())
                     meta = (
-                        {"finish_reason": completion.finish_reason}
+                        {
+                            "finish_reason": completion.finish_reason,
+                            "prompt_tokens": prompt_tokens,
+                            "completion_tokens": completion_tokens,
+                        }
                         if completion.finish_reason
                         else {}
                     )

@@ -115,9 +115,25 @@ def _params(request: ChatCompletionRequest) -> dict[str, Any]:
     return params
 
 
-def _usage(prompt: str, text: str) -> dict[str, int]:
-    prompt_tokens = len(prompt.split())
-    completion_tokens = len(text.split())
+def _usage(prompt: str, text: str, final: OmniRequestOutput | None) -> dict[str, int]:
+    """The engine's token counts when a stage reported them (the ``vllm``
+    stage does), else the reference stages' tokens: words."""
+    counted = next(
+        (
+            meta
+            for meta in reversed(list(final.meta.values()) if final else [])
+            if isinstance(meta, dict)
+            and isinstance(meta.get("prompt_tokens"), int)
+            and isinstance(meta.get("completion_tokens"), int)
+        ),
+        None,
+    )
+    if counted is not None:
+        prompt_tokens = counted["prompt_tokens"]
+        completion_tokens = counted["completion_tokens"]
+    else:
+        prompt_tokens = len(prompt.split())
+        completion_tokens = len(text.split())
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
@@ -181,7 +197,7 @@ async def create_chat_completion(
                 "finish_reason": (final.finish_reason if final else None) or "stop",
             }
         ],
-        "usage": _usage(prompt, text),
+        "usage": _usage(prompt, text, final),
     }
 
 
