@@ -152,8 +152,7 @@ def skeleton(text: str, hot: Sequence[str]) -> Skeleton | None:
     # never kept), unless it was no body: then its ``pass`` is left inside
     # whatever statement holds it (a string), and the scanner's check that
     # every ``pass`` is a statement sends the file to a whole parse.
-    done = set(replaced)
-    replaced.extend(p for p in cut if p[0] not in blanked and p not in done)
+    replaced.extend(p for p in cut if p[0] not in blanked)
     blanked.update(cut_blanked)
     return Skeleton(
         "\n".join(lines), replaced, frozenset(blanked), frozenset(found), headers
@@ -218,8 +217,7 @@ def _cut_cold_bodies(
         line += text.count("\n", body.start() + 1, stop)
         last, counted = line, stop
         width = len(body.group(1))
-        lines[first - 1] = " " * width + "pass"
-        lines[first:last] = [""] * (last - first)
+        _replace(lines, first, last, " " * width + "pass")
         replaced.append((first, width))
         blanked.update(range(first, last + 1))
         cut_until = stop
@@ -265,8 +263,7 @@ def _indent(line: str) -> str:
 def _replace(lines: list[str], first: int, last: int, replacement: str) -> None:
     """Lines ``first``..``last`` (1-based) become ``replacement`` and blanks."""
     lines[first - 1] = replacement
-    for number in range(first, last):
-        lines[number] = ""
+    lines[first:last] = [""] * (last - first)
 
 
 def _strippable_headers(
