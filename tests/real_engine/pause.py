@@ -15,8 +15,8 @@ comes does it let the model run another moment. The EngineCore keeps
 running, so the outputs it already has reach the client. The drills ask for
 responses of tens of thousands of tokens (``LONG_MODEL_LEN``, over a minute
 of generation here), so even a stop that comes seconds late lands
-mid-stream. The engine's processes also run at the lowest priority (nice
-19), so the rest of the machine keeps moving.
+mid-stream. (Lowering the engine's priority to nice 19 did not remove the
+bursts, so it is not done.)
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ _FIRST_CHUNK_S = 10.0
 def warm_up(server: OmniServer) -> None:
     """One short stream through the whole path first: the first request's
     one-time costs (imports, templates, detokenizer) would otherwise delay
-    the first chunk while the steps go on."""
+    the first chunk of the drill's stream."""
     stream = Stream(
         server.base_url + "/v1/chat/completions",
         {
@@ -73,18 +73,17 @@ def engine_core_pid(server: OmniServer) -> int:
 
 
 class EnginePause:
-    """Lowers the engine's priority and, from ``until`` on, stops the model's
-    process; ``__exit__`` lets it go on (``SIGCONT``). ``pid`` is the
-    EngineCore, for the drill to kill."""
+    """From ``until`` on, stops the model's process; ``__exit__`` lets it go
+    on (``SIGCONT``). ``pid`` is the EngineCore, for the drill to kill."""
 
     def __init__(self, server: OmniServer) -> None:
         self.pid = engine_core_pid(server)
-        core = psutil.Process(self.pid)
-        workers = [child for child in core.children() if "Worker" in child.name()]
-        for process in (core, *core.children(recursive=True)):
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.nice(19)
-        self.held = [w.pid for w in workers] or [self.pid]
+        workers = [
+            child.pid
+            for child in psutil.Process(self.pid).children()
+            if "Worker" in child.name()
+        ]
+        self.held = workers or [self.pid]
 
     def _signal(self, signum: int) -> None:
         for pid in self.held:

@@ -10,11 +10,10 @@ These servers allow ``LONG_MODEL_LEN`` tokens: a response of tens of
 thousands of tokens takes the tiny model over a minute, far longer than any
 client needs to act on its first chunk (at 112 tokens the whole stream could
 be generated before the first chunk reached the client, and the kill or
-hang-up landed after the end). The drills also lower the engine's priority
-and stop the model's worker from the first chunk on
-(``tests/real_engine/pause.py``): on 2 cores the spinning engine otherwise
-holds back every other process, and a CI run saw the first chunk only when a
-4,000-token response was already complete.
+hang-up landed after the end). The drills also stop the model's worker
+once the engine has the request (``tests/real_engine/pause.py``): on 2
+cores the spinning engine holds back every other process, and a CI run saw
+the first chunk only when a 4,000-token response was already complete.
 """
 
 from __future__ import annotations
