@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -118,6 +118,48 @@ def _503s_by_transport(
     }
 
 
+def _job_until_finished(server: OmniServer, job_id: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 10
+    while True:
+        job = httpx.get(
+            server.base_url + f"/v1/videos/{job_id}", headers=server.headers()
+        ).json()
+        if job["status"] not in ("queued", "in_progress"):
+            return job
+        assert time.monotonic() < deadline, job
+        time.sleep(0.05)
+
+
+def _ws_refused(
+    server: OmniServer,
+    headers: dict[str, str],
+    response: dict[str, Any],
+    check: Callable[[dict[str, Any]], None],
+) -> list[str]:
+    """Send one ``response.create`` on a new realtime session: the refusal is
+    one error event (``check``-ed), then close code 1013 (try again later).
+    Returns the types of the events before the error."""
+    ws_url = server.base_url.replace("http://", "ws://") + "/v1/realtime"
+    with connect(ws_url, additional_headers=headers) as ws:
+        assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
+        ws.send(
+            json.dumps(
+                {"type": "response.create", "event_id": "e1", "response": response}
+            )
+        )
+        before: list[str] = []
+        event = json.loads(ws.recv(timeout=10))
+        while event["type"] != "error":
+            before.append(event["type"])
+            event = json.loads(ws.recv(timeout=10))
+        assert event["event_id"] == "e1"
+        check(event["error"])
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
+    return before
+
+
 def _assert_busy(error: dict[str, Any]) -> None:
     assert {k: error[k] for k in ("message", "type", "param", "code")} == {
         "message": BUSY,
@@ -162,26 +204,11 @@ def test_refused_on_every_transport_then_served(server: OmniServer) -> None:
         assert stream.headers["content-type"] == "application/json"
         _assert_busy(stream.json()["error"])
 
-        # WebSocket: one error event, then 1013 (try again later).
-        ws_url = server.base_url.replace("http://", "ws://") + "/v1/realtime"
-        with connect(ws_url, additional_headers=headers) as ws:
-            assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
-            ws.send(
-                json.dumps(
-                    {
-                        "type": "response.create",
-                        "event_id": "e1",
-                        "response": {"instructions": "hi"},
-                    }
-                )
-            )
-            assert json.loads(ws.recv(timeout=10))["type"] == "response.created"
-            event = json.loads(ws.recv(timeout=10))
-            assert event["type"] == "error" and event["event_id"] == "e1"
-            _assert_busy(event["error"])
-            with pytest.raises(ConnectionClosed) as closed:
-                ws.recv(timeout=10)
-            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
+        # WebSocket: one error event, straight after response.created.
+        before_error = _ws_refused(
+            server, headers, {"instructions": "hi"}, _assert_busy
+        )
+        assert before_error == ["response.created"]
 
         # A job: accepted, then failed with the stored 503.
         job = httpx.post(
@@ -190,13 +217,7 @@ def test_refused_on_every_transport_then_served(server: OmniServer) -> None:
             headers=headers,
             timeout=10,
         ).json()
-        deadline = time.monotonic() + 10
-        while job["status"] in ("queued", "in_progress"):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-            job = httpx.get(
-                server.base_url + f"/v1/videos/{job['id']}", headers=headers
-            ).json()
+        job = _job_until_finished(server, job["id"])
         assert job["status"] == "failed"
         _assert_busy(job["error"])
         content = httpx.get(
@@ -310,27 +331,10 @@ def test_a_full_stage_refuses_on_every_transport(server: OmniServer) -> None:
         assert chunks and all("choices" in chunk for chunk in chunks)
         _assert_talker_busy(json.loads(events[-2])["error"])
 
-        # WebSocket: one error event, then 1013 (try again later).
-        ws_url = server.base_url.replace("http://", "ws://") + "/v1/realtime"
-        with connect(ws_url, additional_headers=headers) as ws:
-            assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
-            ws.send(
-                json.dumps(
-                    {
-                        "type": "response.create",
-                        "event_id": "e1",
-                        "response": {"instructions": "hi", **both},
-                    }
-                )
-            )
-            event = json.loads(ws.recv(timeout=10))
-            while event["type"] != "error":
-                event = json.loads(ws.recv(timeout=10))
-            assert event["event_id"] == "e1"
-            _assert_talker_busy(event["error"])
-            with pytest.raises(ConnectionClosed) as closed:
-                ws.recv(timeout=10)
-            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
+        # WebSocket: after the text deltas, one error event.
+        _ws_refused(
+            server, headers, {"instructions": "hi", **both}, _assert_talker_busy
+        )
 
         after = metric_samples(server.base_url)
         rejections = {
@@ -355,18 +359,6 @@ def test_a_full_stage_refuses_on_every_transport(server: OmniServer) -> None:
     finally:
         holder.close()
     _wait_in_flight(server, 0)
-
-
-def _job_until_finished(server: OmniServer, job_id: str) -> dict[str, Any]:
-    deadline = time.monotonic() + 10
-    while True:
-        job = httpx.get(
-            server.base_url + f"/v1/videos/{job_id}", headers=server.headers()
-        ).json()
-        if job["status"] not in ("queued", "in_progress"):
-            return job
-        assert time.monotonic() < deadline, job
-        time.sleep(0.05)
 
 
 def test_a_full_video_stage_fails_the_job_with_its_503(server: OmniServer) -> None:
