@@ -7,6 +7,7 @@ file (an unread pipe would fill and block it) and a private job store.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -170,6 +171,14 @@ class OmniServer:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def wait_for_log(self, *patterns: str, within_s: float) -> None:
+        """Wait until the log matches every one of the regular ``patterns``."""
+        found = [re.compile(pattern) for pattern in patterns]
+        deadline = time.monotonic() + within_s
+        while not all(pattern.search(log := self.log()) for pattern in found):
+            assert time.monotonic() < deadline, log[-3000:]
+            time.sleep(0.05)
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}

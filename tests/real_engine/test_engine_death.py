@@ -185,18 +185,12 @@ def test_client_disconnect_aborts_the_request_in_the_engine(
         completion_id = json.loads(stream.events[0])["id"]
         request_id = completion_id.removeprefix("chatcmpl-")
         # The abort reaches the vllm stage while the model is still stopped.
-        _wait_for_log(server, rf"stage 1: request {re.escape(request_id)} aborted")
+        server.wait_for_log(
+            rf"stage 1: request {re.escape(request_id)} aborted", within_s=60
+        )
     # AsyncLLM (enable_log_requests) logs the abort it received; it may
     # need the engine to move (under load it did not while held).
-    _wait_for_log(server, rf"Request \S*{re.escape(request_id)}\S* aborted")
-
-
-def _wait_for_log(server: OmniServer, pattern: str, within_s: float = 60.0) -> None:
-    found = re.compile(pattern)
-    deadline = time.monotonic() + within_s
-    while not found.search(server.log()):
-        assert time.monotonic() < deadline, server.log()[-3000:]
-        time.sleep(0.2)
+    server.wait_for_log(rf"Request \S*{re.escape(request_id)}\S* aborted", within_s=60)
 
 
 def test_sigkill_of_the_engine_core_fails_in_flight_and_exits_1(
