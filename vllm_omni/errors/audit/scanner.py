@@ -47,7 +47,7 @@ from http import HTTPStatus
 from typing import Any, NamedTuple
 
 from vllm_omni.errors.audit import rules
-from vllm_omni.errors.audit.skeleton import Skeleton, skeleton
+from vllm_omni.errors.audit.skeleton import Skeleton, _lexer, skeleton
 
 _STATUS_TOKENS = (
     *(str(bound).encode() for bound in sorted(rules.STATUS_BOUNDS)),
@@ -75,6 +75,7 @@ _TRIGGERS = sorted(
 )
 _TRIGGER_TOKENS = re.compile(b"|".join(map(re.escape, _TRIGGERS)))
 _TRIGGERS_TEXT = [token.decode() for token in _TRIGGERS]
+_TRIGGERS_TUPLE = tuple(_TRIGGERS_TEXT)
 # The statements a skeleton keeps (see ``skeleton``): those with a trigger
 # token or an import (also inside a one-line compound statement).
 _HOT_STATEMENT = tuple(
@@ -182,7 +183,7 @@ def scan(data: bytes, *, whole: bool = False) -> FileResult:
     with ``whole``) from the whole file; the results are the same."""
     # ``raise`` first: most files have one, and a plain search for it ends
     # there much sooner than the alternation does.
-    if b"raise" not in data and _TRIGGER_TOKENS.search(data) is None:
+    if b"raise" not in data and not _has_trigger(data):
         undecodable = _decode_error(data)
         return FileResult(findings=[] if undecodable is None else [undecodable])
     scanner = None if whole else _skeleton_scanner(data)
@@ -224,6 +225,16 @@ def _skeleton_scanner(data: bytes) -> _Scanner | None:
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     return scanner if scanner.matches(shape, text) else None
+
+
+def _has_trigger(data: bytes) -> bool:
+    """Whether one of the trigger tokens occurs in ``data``: one pass in C
+    where the lexer is built (the alternation tries every token at every
+    offset)."""
+    if _lexer is None:
+        return _TRIGGER_TOKENS.search(data) is not None
+    (lines,), _ = _lexer.needle_lines(data, (_TRIGGERS_TUPLE,))
+    return bool(lines)
 
 
 def raise_site_name(node: ast.Raise) -> str | None:

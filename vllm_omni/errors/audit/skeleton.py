@@ -58,6 +58,10 @@ try:
     from _tokenize import TokenizerIter
 except ImportError:  # not CPython 3.11-compatible: always parse whole files
     TokenizerIter = None
+try:
+    from vllm_omni.errors.audit import _lexer
+except ImportError:  # built without a C compiler: CPython's tokenizer only
+    _lexer = None
 
 _NEWLINE, _INDENT, _DEDENT = 4, 5, 6
 # Clauses continue the compound statement before them: a stretch never
@@ -117,13 +121,19 @@ def skeleton(text: str, hot: Sequence[str]) -> Skeleton | None:
     if TokenizerIter is None or "\r" in text or "\0" in text:
         return None
     lines = text.split("\n")
-    found: set[str] = set()
-    hot_positions = _positions(text, hot, found)
-    hot_lines = _line_numbers(text, hot_positions)
-    cut, cut_blanked = _cut_cold_bodies(text, lines, hot_positions)
-    statements = _logical_lines("\n".join(lines) if cut else text)
-    if statements is None:
-        return None
+    fast = _fast_cut(text, lines, tuple(hot))
+    if fast is not None:
+        statements, cut, cut_blanked, hot_lines, semicolons, found = fast
+    else:
+        found = set()
+        hot_positions = _positions(text, hot, found)
+        hot_lines = _line_numbers(text, hot_positions)
+        semicolons = _lines_with(text, (";",))
+        cut, cut_blanked = _cut_cold_bodies(text, lines, hot_positions)
+        tokenized = _logical_lines("\n".join(lines) if cut else text)
+        if tokenized is None:
+            return None
+        statements = tokenized
     hot_statements = set(
         _statements_on(statements.first_line, statements.last_line, hot_lines)
     )
@@ -131,7 +141,7 @@ def skeleton(text: str, hot: Sequence[str]) -> Skeleton | None:
         statements,
         lines,
         hot_statements,
-        _lines_with(text, (";",)),
+        semicolons,
         future="__future__" in text,
     )
     replaced: list[tuple[int, int]] = []
@@ -157,6 +167,43 @@ def skeleton(text: str, hot: Sequence[str]) -> Skeleton | None:
     return Skeleton(
         "\n".join(lines), replaced, frozenset(blanked), frozenset(found), headers
     )
+
+
+class _FastCut(NamedTuple):
+    statements: _Statements
+    replaced: list[tuple[int, int]]
+    blanked: set[int]
+    hot_lines: list[int]
+    semicolons: list[int]
+    found: set[str]
+
+
+def _fast_cut(text: str, lines: list[str], hot: tuple[str, ...]) -> _FastCut | None:
+    """From the C lexer (``_lexer.c``): the lines holding a ``hot`` needle
+    or a ``;``, the needles found, and the table of logical lines with the
+    body of every function that has no hot line and no ``global``/
+    ``nonlocal`` already one ``pass`` row; that cut made in ``lines`` (its
+    ``pass`` positions and blanked lines as ``_cut_cold_bodies`` returns
+    them). None where the C lexer leaves the text to CPython's tokenizer,
+    or is not built."""
+    if _lexer is None:
+        return None
+    (hot_lines, scope_lines, semicolons), found = _lexer.needle_lines(
+        text, (hot, _SCOPE_WORDS, (";",))
+    )
+    barriers = sorted({*hot_lines, *scope_lines}) if scope_lines else hot_lines
+    table = _lexer.logical_lines(text, barriers)
+    if table is None:
+        return None
+    *columns, cuts = table
+    replaced: list[tuple[int, int]] = []
+    blanked: set[int] = set()
+    for first, last, width in cuts:
+        _replace(lines, first, last, " " * width + "pass")
+        replaced.append((first, width))
+        blanked.update(range(first, last + 1))
+    statements = _Statements(*columns, [second == "=" for second in columns[4]])
+    return _FastCut(statements, replaced, blanked, hot_lines, semicolons, found)
 
 
 def _cut_cold_bodies(
@@ -305,6 +352,17 @@ class _Statements(NamedTuple):
 
 
 def _logical_lines(text: str) -> _Statements | None:
+    """The logical lines of ``text``, as CPython's tokenizer splits them;
+    None when it rejects the text. From the C table (``_lexer.c``) where it
+    has one, else from the tokenizer's tokens."""
+    table = _lexer.logical_lines(text) if _lexer is not None else None
+    if table is not None:
+        columns = table[:6]
+        return _Statements(*columns, [second == "=" for second in columns[4]])
+    return _tokenized_lines(text)
+
+
+def _tokenized_lines(text: str) -> _Statements | None:
     rows: list[tuple[int, int, int, str, str | None, bool]] = []
     append = rows.append
     first: str | None = None
