@@ -37,6 +37,29 @@ def test_warm_run_parses_nothing(
     assert warm == cold
 
 
+def test_a_cold_run_reads_each_file_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With nothing cached there is nothing to look up: the scanner reads and
+    # hashes each file, the caller does not read it first. A warm run reads
+    # each file once too (to hash it), and parses none.
+    reads: list[Path] = []
+    read_regular = runner.read_regular
+
+    def counted(path: Path) -> bytes:
+        reads.append(path)
+        return read_regular(path)
+
+    monkeypatch.setattr(runner, "read_regular", counted)
+    cold = _audit(ScanCache(tmp_path))
+    assert len(reads) == cold.files == 6
+    assert len(set(reads)) == len(reads)
+    reads.clear()
+    monkeypatch.setattr(runner, "scan", _never_scan)
+    assert _audit(ScanCache(tmp_path)) == cold
+    assert len(reads) == cold.files
+
+
 def test_changed_bytes_are_parsed_again(tmp_path: Path) -> None:
     source = tmp_path / "tree" / "pkg" / "mod.py"
     source.parent.mkdir(parents=True)

@@ -8,6 +8,10 @@ case asserts the skeleton's result equals the whole parse's and, where the
 skeleton is meant to be used, that it was (so the equality is not the
 fallback comparing the whole parse with itself). The real trees are compared
 in ``test_real_trees.py``.
+
+Every test runs twice: with the C lexer (``_lexer.c``, the table and the
+cut from exact logical lines) and without it (CPython's tokenizer after the
+indentation-based cut), the path of an install without a C compiler.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import textwrap
 
 import pytest
 
+from vllm_omni.errors.audit import scanner as scanner_module
+from vllm_omni.errors.audit import skeleton as skeleton_module
 from vllm_omni.errors.audit.scanner import FileResult, _skeleton_scanner, scan
 from vllm_omni.errors.audit.skeleton import (
     _cut_cold_bodies,
@@ -23,6 +29,16 @@ from vllm_omni.errors.audit.skeleton import (
     _positions,
     skeleton,
 )
+
+
+@pytest.fixture(autouse=True, params=["c-lexer", "tokenizer"])
+def lexer(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "tokenizer":
+        monkeypatch.setattr(skeleton_module, "_lexer", None)
+        monkeypatch.setattr(scanner_module, "_lexer", None)
+    else:
+        assert skeleton_module._lexer is not None, "the C lexer was not built"
+    return str(request.param)
 
 
 def _same(source: str, *, skeleton_used: bool = True) -> FileResult:

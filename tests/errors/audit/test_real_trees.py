@@ -7,7 +7,9 @@ folded into one row; the prefilter, the walker and the rule fixes must not
 move one. The wheel is downloaded once with pip (``benchmarks.bench_audit``).
 
 Both real trees (the wheel and the installed vLLM 0.33) are also audited
-twice, from skeletons and from whole parses, and must give the same sites.
+twice, from skeletons and from whole parses, and must give the same sites;
+and on every file of both, the C lexer's table of logical lines equals the
+one from CPython's tokenizer.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from vllm_omni.errors.audit.scanner import (
     _TRIGGER_TOKENS,
     _skeleton_scanner,
 )
-from vllm_omni.errors.audit.skeleton import skeleton
+from vllm_omni.errors.audit.skeleton import _lexer, _tokenized_lines, skeleton
 
 from .conftest import FIXTURES
 
@@ -92,3 +94,33 @@ def test_the_skeleton_is_used_for_nearly_every_file(wheel: Path) -> None:
     assert audited > 900
     assert fallbacks <= 5
     assert kept < total / 3
+
+
+def test_the_c_lexer_table_equals_the_tokenizers_on_every_file(
+    real_tree: Path,
+) -> None:
+    compared = declined = 0
+    mismatched: list[str] = []
+    assert _lexer is not None, "the C lexer was not built"
+    for path in sorted(real_tree.rglob("*.py")):
+        try:
+            text = path.read_bytes().decode()
+        except UnicodeDecodeError:
+            continue
+        if "\r" in text or "\0" in text:
+            continue  # the skeleton leaves these to the whole parse
+        table = _lexer.logical_lines(text)
+        if table is None:
+            declined += 1
+            continue
+        compared += 1
+        tokenized = _tokenized_lines(text)
+        if tokenized is None or list(map(list, table[:6])) != list(
+            map(list, tokenized[:6])
+        ):
+            mismatched.append(str(path.relative_to(real_tree)))
+    assert mismatched == []
+    assert compared > 1500
+    # The files it leaves to the tokenizer: a handful of each tree (tabs in
+    # indentations, names outside ASCII).
+    assert declined <= 5

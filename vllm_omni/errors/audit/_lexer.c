@@ -271,14 +271,15 @@ static int lex(Lexer *lx, Rows *rows) {
     while (lx->i < n) {
         /* The start of a physical line outside any statement. */
         Py_ssize_t i = lx->i;
-        int column = 0;
-        while (i < n && s[i] == ' ') {
+        int column = 0, tabs = 0;
+        while (i < n && (s[i] == ' ' || s[i] == '\t')) {
+            tabs += s[i] == '\t';
             column++;
             i++;
         }
         if (i >= n)
             break;
-        if (s[i] == '\t' || s[i] == '\f' || s[i] == '\v')
+        if (s[i] == '\f' || s[i] == '\v')
             return 1;
         if (s[i] == '#') {
             while (i < n && s[i] != '\n')
@@ -291,9 +292,11 @@ static int lex(Lexer *lx, Rows *rows) {
             lx->line++;
             continue;
         }
-        if (s[i] == '\\')
+        /* A statement starts here; CPython's rules for tabs in its
+         * indentation (columns at tab stops of 8 and of 1) are not followed
+         * here. */
+        if (s[i] == '\\' || tabs)
             return 1;
-        /* A statement starts here. */
         if (column > indents[top]) {
             if (top >= MAX_INDENT)
                 return 1;

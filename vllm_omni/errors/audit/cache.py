@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from vllm_omni.errors.audit.scanner import FileResult
+from vllm_omni.errors.audit.skeleton import _lexer
 
 # Keep at most this many entries: the current run's, plus older ones while
 # they fit (auditing two trees in turn stays warm for both).
@@ -33,11 +34,15 @@ def default_cache_dir() -> Path:
 
 
 def audit_version() -> str:
-    """A hash of everything that decides a file's result."""
+    """A hash of everything that decides a file's result: the sources, and
+    the C lexer's build where there is one (its tables must equal the
+    tokenizer's, but a result is never served from another lexer's run)."""
     digest = hashlib.sha256(f"{sys.version_info[:2]}".encode())
     here = Path(__file__).parent
     for name in _VERSIONED_SOURCES:
         digest.update((here / name).read_bytes())
+    lexer = getattr(_lexer, "__file__", None)
+    digest.update(Path(lexer).read_bytes() if lexer else b"no C lexer")
     return digest.hexdigest()[:16]
 
 
@@ -49,6 +54,11 @@ class ScanCache:
         self._old: dict[str, list[object]] = self._load()
         self._used: dict[str, list[object]] = {}
         self._added = False
+
+    @property
+    def empty(self) -> bool:
+        """Whether the cache holds no result (no lookup can hit)."""
+        return not self._old
 
     def get(self, digest: str) -> FileResult | None:
         entry = self._old.get(digest)

@@ -248,12 +248,20 @@ def scan_files(
     cache: ScanCache | None,
     whole: bool = False,
 ) -> list[FileResult]:
-    """One result per file, from the cache where the bytes are known."""
+    """One result per file, from the cache where the bytes are known.
+
+    With no cache, or an empty one (a cold run), nothing can be looked up:
+    the files go straight to the scanners, which read and hash them anyway,
+    instead of being read and hashed here first."""
     results: list[FileResult | None] = [None] * len(files)
+    lookup = cache is not None and not cache.empty
     with _Dispatch(jobs, whole=whole) as dispatch:
         for index, source in enumerate(files):
             if source.problem is not None:
                 results[index] = _unreadable(source.problem)
+                continue
+            if not lookup:
+                dispatch.add(index, source.path)
                 continue
             try:
                 data = read_regular(source.path)

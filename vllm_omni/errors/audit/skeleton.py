@@ -203,7 +203,9 @@ def _fast_cut(text: str, lines: list[str], hot: tuple[str, ...]) -> _FastCut | N
         replaced.append((first, width))
         blanked.update(range(first, last + 1))
     statements = _Statements(*columns, [second == "=" for second in columns[4]])
-    return _FastCut(statements, replaced, blanked, hot_lines, semicolons, found)
+    return _FastCut(
+        statements, replaced, blanked, hot_lines, semicolons, found.intersection(hot)
+    )
 
 
 def _cut_cold_bodies(
