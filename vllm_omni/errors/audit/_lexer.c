@@ -737,4 +737,11 @@ static struct PyModuleDef module = {
     NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__lexer(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__lexer(void) {
+    PyObject *self = PyModule_Create(&module);
+    if (self != NULL && PyModule_AddIntConstant(self, "MAX_NEEDLES", MAX_NEEDLES) < 0) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return self;
+}

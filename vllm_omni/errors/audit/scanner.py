@@ -221,7 +221,7 @@ def _skeleton_scanner(data: bytes) -> _Scanner | None:
     # the bytes: the skeleton's search answers the scanner's.
     present = shape.found if encoding in ("utf-8", "utf-8-sig") else None
     try:
-        scanner = _Scanner(data, ast.parse(shape.source), text, present)
+        scanner = _Scanner(data, ast.parse(shape.source), text, present, shape.lines)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     return scanner if scanner.matches(shape, text) else None
@@ -260,11 +260,13 @@ class _Scanner:
         tree: ast.Module,
         text: str | None = None,
         present: frozenset[str] | None = None,
+        lines: list[str] | None = None,
     ) -> None:
         self._data = data
         # ``data`` decoded, when the caller already did (the skeleton path).
         self._text = text
-        self._lines: list[str] | None = None
+        # ``text``'s lines, when the caller already split it.
+        self._lines: list[str] | None = lines
         # The qualified name of the statement the expression rules walk.
         self._scope = MODULE_SCOPE
         self._bindings: dict[str, str] = {}
@@ -318,7 +320,7 @@ class _Scanner:
         if not aliases:
             return True
         pattern = re.compile(r"\b(?:" + "|".join(map(re.escape, aliases)) + r")\b")
-        lines = text.split("\n")
+        lines = shape.lines
         return not any(pattern.search(lines[n - 1]) for n in shape.blanked)
 
     # -- collection -------------------------------------------------------
@@ -750,6 +752,8 @@ class _Scanner:
         """1-based column in UTF-16 code units (SARIF's default columnKind)."""
         lines = self._text_lines()
         text = lines[line - 1] if line <= len(lines) else ""
+        if text.isascii():
+            return min(byte_offset, len(text)) + 1
         prefix = text.encode()[:byte_offset].decode(errors="replace")
         return len(prefix.encode("utf-16-le")) // 2 + 1
 
@@ -782,6 +786,9 @@ def _token_lines(data: bytes, tokens: tuple[bytes, ...]) -> list[int]:
     """Sorted 1-based numbers of the lines on which any of ``tokens`` occurs."""
     if b"\r" in data:
         data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    if _lexer is not None and len(tokens) <= _lexer.MAX_NEEDLES:
+        (lines,), _ = _lexer.needle_lines(data, (tuple(t.decode() for t in tokens),))
+        return lines
     positions: list[int] = []
     for token in tokens:
         start = data.find(token)

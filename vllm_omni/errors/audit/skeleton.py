@@ -2,22 +2,32 @@
 
 Owns the cheap step before parsing. Parsing is most of a cold audit's cost
 and most statements of a file (assignments, calls, docstrings, whole
-functions) can neither hold a finding nor change one. First, the body of
-every function with no hot line, no ``global``/``nonlocal`` and balanced
-bracket counts is replaced by one ``pass``, found by indentation with
-``str.find`` and regular expressions (``_cut_cold_bodies``): that is about
-40% of the lines of vLLM 0.33, which the tokenizer then never sees. Such a
-``pass`` is always replaced again below (it is never kept) unless the cut
-was not a body (a ``def`` inside a string): then it stays inside a kept
-statement, the scanner's check finds no ``pass`` there, and the file is
-parsed whole. On what is left, CPython's own tokenizer
-(the C one the parser uses, so logical lines, strings and brackets are split
-exactly as the parser splits them, in about a quarter of a parse's time)
-finds each logical line and its block depth. A statement is *kept* when one
-of its lines holds a hot substring (``scanner._HOT_STATEMENT``: the trigger
-tokens and ``import``), when it binds a name (an import, a class, a possible
-alias ``N = a.b`` or ``N = (a, b)``, a ``;`` line with an ``=``), or when it
-is the first statement of a file with ``from __future__``. Every stretch of
+functions) can neither hold a finding nor change one.
+
+The fast path is the C lexer (``_lexer.c``, an optional extension built with
+the package): one pass finds the lines holding a hot needle, a ``;``, or
+``global``/``nonlocal`` (``needle_lines``), a second splits the text into
+logical lines exactly as CPython's tokenizer does and replaces the body of
+every function with none of those lines by one ``pass`` row
+(``logical_lines``; ``_fast_cut`` makes the same cut in the lines). Where it
+does not follow a text exactly it declines, and so does an install without
+it: then the body of every function with no hot line, no
+``global``/``nonlocal`` and balanced bracket counts is replaced by one
+``pass`` found by indentation with ``str.find`` and regular expressions
+(``_cut_cold_bodies``: about 40% of the lines of vLLM 0.33, which the
+tokenizer then never sees). Such a ``pass`` is always replaced again below
+(it is never kept) unless the cut was not a body (a ``def`` inside a
+string): then it stays inside a kept statement, the scanner's check finds
+no ``pass`` there, and the file is parsed whole. On what is left, CPython's
+own tokenizer (the C one the parser uses, so logical lines, strings and
+brackets are split exactly as the parser splits them, in about a quarter of
+a parse's time) finds each logical line and its block depth.
+
+Either way, a statement is then *kept* when one of its lines holds a hot
+substring (``scanner._HOT_STATEMENT``: the trigger tokens and ``import``),
+when it binds a name (an import, a class, a possible alias ``N = a.b`` or
+``N = (a, b)``, a ``;`` line with an ``=``), or when it is the first
+statement of a file with ``from __future__``. Every stretch of
 whole statements of one block that are not kept - a compound statement with
 its block and clauses, a definition with its decorators - is replaced by
 one ``pass`` on its first line at its indentation, the rest of its lines
@@ -112,6 +122,9 @@ class Skeleton:
     found: frozenset[str]
     # (line, column) of each ``def`` header cut down to ``def name():``.
     headers: list[tuple[int, int]]
+    # The text's own lines (split at ``\n``, the only line break a
+    # skeleton's text has), for the scanner's columns and code excerpts.
+    lines: list[str]
 
 
 def skeleton(text: str, hot: Sequence[str]) -> Skeleton | None:
@@ -120,7 +133,8 @@ def skeleton(text: str, hot: Sequence[str]) -> Skeleton | None:
     rejects the text, or the text has line breaks other than ``\\n``."""
     if TokenizerIter is None or "\r" in text or "\0" in text:
         return None
-    lines = text.split("\n")
+    original = text.split("\n")
+    lines = original.copy()
     fast = _fast_cut(text, lines, tuple(hot))
     if fast is not None:
         statements, cut, cut_blanked, hot_lines, semicolons, found = fast
@@ -165,7 +179,12 @@ def skeleton(text: str, hot: Sequence[str]) -> Skeleton | None:
     replaced.extend(p for p in cut if p[0] not in blanked)
     blanked.update(cut_blanked)
     return Skeleton(
-        "\n".join(lines), replaced, frozenset(blanked), frozenset(found), headers
+        "\n".join(lines),
+        replaced,
+        frozenset(blanked),
+        frozenset(found),
+        headers,
+        original,
     )
 
 
