@@ -362,3 +362,23 @@ def test_needle_lines_on_generated_text(text: str) -> None:
 def test_wrong_arguments_raise_not_crash(call: object, error: type) -> None:
     with pytest.raises(error):
         call()  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"if status >= 400:\n    raise HTTPException(404)\nx = 500  # 599\n",
+        b"a = 400\r\nb = 1\rc = HTTPException\r\n",
+        "F\u00e9hler = HTTPException\nx = F\u00e9hler(400)\n".encode(),
+        b"",
+    ],
+)
+def test_token_lines_in_c_equal_the_python_search(
+    data: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vllm_omni.errors.audit import scanner as scanner_module
+
+    tokens = (b"400", b"404", b"500", b"599", b"HTTPException", "F\u00e9hler".encode())
+    fast = scanner_module._token_lines(data, tokens)
+    monkeypatch.setattr(scanner_module, "_lexer", None)
+    assert fast == sorted(set(scanner_module._token_lines(data, tokens)))
