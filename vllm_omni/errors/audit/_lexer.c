@@ -556,6 +556,12 @@ static PyObject *logical_lines(PyObject *Py_UNUSED(module), PyObject *const *arg
             return NULL;
         }
     }
+    /* CPython reads ``\r`` as a line break, in strings and comments too, and
+     * stops at a NUL byte: such texts are the tokenizer's. */
+    if (memchr(data, '\r', (size_t)size) != NULL || strlen(data) != (size_t)size) {
+        PyMem_Free(barriers);
+        Py_RETURN_NONE;
+    }
     Lexer lx = {data, size, 0, 1};
     Rows rows = {NULL, 0, 0};
     PyObject *result = NULL;
