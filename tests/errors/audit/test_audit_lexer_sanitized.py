@@ -6,8 +6,9 @@ or crash an audit. Here the same source is built with
 ``-fsanitize=address,undefined`` into a temporary folder and driven, in a
 subprocess with ASan's runtime preloaded, over 30,000 random texts (the
 characters that steer it: quotes, brackets, backslashes, ``\\r``, tabs, form
-feeds, a name outside ASCII), with and without barriers, and over every file
-of both real trees; any sanitizer report aborts the subprocess. Accepted
+feeds, a name outside ASCII), with and without barriers, their tables
+through ``replaceable_runs`` with random kept flags, and over every file of
+both real trees; any sanitizer report aborts the subprocess. Accepted
 random texts must also give CPython's table (this found the ``\\r`` case).
 Skipped where there is no gcc or no ASan runtime.
 """
@@ -51,6 +52,8 @@ _DRIVER = textwrap.dedent(
         _lexer.needle_lines(text, (("ab", "1 ", "\\u00e9"), (";",)))
         _lexer.needle_lines(text.encode("utf-8"), (("\\n(",),))
         if table is not None:
+            kept = [rng.random() < 0.3 for _ in table[0]]
+            _lexer.replaceable_runs(*table[:4], table[5], kept)
             accepted += 1
             tokenized = _tokenized_lines(text)
             if tokenized is None or list(map(list, table[:6])) != list(

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.bench_audit import installed_vllm, wheel_tree
+from vllm_omni.errors.audit import skeleton as skeleton_module
 from vllm_omni.errors.audit.runner import Report, run_audit
 from vllm_omni.errors.audit.scanner import (
     _HOT_STATEMENT,
@@ -124,3 +125,30 @@ def test_the_c_lexer_table_equals_the_tokenizers_on_every_file(
     # It declines no file of either tree (it would leave one to the
     # tokenizer: tabs in an indentation, a name outside ASCII).
     assert declined == 0
+
+
+def test_the_c_runs_equal_the_python_runs_on_every_file(
+    real_tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``replaceable_runs`` in C against ``_replaceable_runs`` (its
+    specification), on the statements and kept flags of every skeleton."""
+    compared: list[bool] = []
+    c_runs = skeleton_module._runs
+
+    def both(statements: object, kept: list[bool]) -> list[tuple[int, int]]:
+        runs = list(c_runs(statements, kept))  # type: ignore[arg-type]
+        spec = list(skeleton_module._replaceable_runs(statements, kept))  # type: ignore[arg-type]
+        compared.append(runs == spec)
+        return runs
+
+    monkeypatch.setattr(skeleton_module, "_runs", both)
+    for path in sorted(real_tree.rglob("*.py")):
+        data = path.read_bytes()
+        if _TRIGGER_TOKENS.search(data) is None:
+            continue
+        try:
+            skeleton(data.decode(), _HOT_STATEMENT)
+        except UnicodeDecodeError:
+            continue
+    assert len(compared) > 900
+    assert all(compared)

@@ -724,6 +724,122 @@ fail:
     return NULL;
 }
 
+/* ``replaceable_runs(first_line, last_line, depth, first_token, header,
+ * kept)``: what ``skeleton._replaceable_runs`` yields, as a list of (first
+ * line, last line), from the same parallel lists; that function is the
+ * specification (tests compare both on both real trees). */
+static int token_is(PyObject *token, const char *text) {
+    return PyUnicode_Check(token) && PyUnicode_CompareWithASCIIString(token, text) == 0;
+}
+
+static int is_clause(PyObject *token) {
+    return token_is(token, "elif") || token_is(token, "else") ||
+           token_is(token, "except") || token_is(token, "finally") ||
+           token_is(token, "case");
+}
+
+static PyObject *replaceable_runs(PyObject *Py_UNUSED(module), PyObject *const *args,
+                                  Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "replaceable_runs() takes 6 lists");
+        return NULL;
+    }
+    for (int k = 0; k < 6; k++) {
+        if (!PyList_Check(args[k]) ||
+            PyList_GET_SIZE(args[k]) != PyList_GET_SIZE(args[0])) {
+            PyErr_SetString(PyExc_TypeError,
+                            "replaceable_runs() takes 6 lists of one length");
+            return NULL;
+        }
+    }
+    PyObject *first_line = args[0], *last_line = args[1], *depth_list = args[2];
+    PyObject *tokens = args[3], *header_list = args[4], *kept_list = args[5];
+    Py_ssize_t count = PyList_GET_SIZE(first_line);
+    /* Per row: depth, and flags (1 kept, 2 starts a statement, 4 a header
+     * that is not ``match``). */
+    long *depth = PyMem_Malloc((size_t)(count + 1) * sizeof(long));
+    unsigned char *flags = PyMem_Malloc((size_t)count + 1);
+    Py_ssize_t *next_kept = PyMem_Malloc((size_t)(count + 1) * sizeof(Py_ssize_t));
+    PyObject *result = NULL;
+    if (depth == NULL || flags == NULL || next_kept == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        depth[i] = PyLong_AsLong(PyList_GET_ITEM(depth_list, i));
+        if (depth[i] == -1 && PyErr_Occurred())
+            goto done;
+        PyObject *token = PyList_GET_ITEM(tokens, i);
+        int kept = PyObject_IsTrue(PyList_GET_ITEM(kept_list, i));
+        int header = PyObject_IsTrue(PyList_GET_ITEM(header_list, i));
+        if (kept < 0 || header < 0)
+            goto done;
+        int starts = !is_clause(token) &&
+                     !(i > 0 && token_is(PyList_GET_ITEM(tokens, i - 1), "@") &&
+                       depth[i - 1] == depth[i]);
+        flags[i] = (unsigned char)(kept | (starts << 1) |
+                                   ((header && !token_is(token, "match")) << 2));
+    }
+    next_kept[count] = count;
+    for (Py_ssize_t i = count - 1; i >= 0; i--)
+        next_kept[i] = (flags[i] & 1) ? i : next_kept[i + 1];
+    result = PyList_New(0);
+    if (result == NULL)
+        goto done;
+    Py_ssize_t index = 0;
+    while (index < count) {
+        long level = depth[index];
+        Py_ssize_t first = -1, last = -1;
+        Py_ssize_t next = index + 1;
+        if ((flags[index] & 2) && !(flags[index] & 1)) {
+            Py_ssize_t boundary = index, probe = index + 1;
+            int ended = 1;
+            while (probe < count && depth[probe] >= level) {
+                if (depth[probe] == level && (flags[probe] & 2))
+                    boundary = probe;
+                if (flags[probe] & 1) {
+                    ended = 0;
+                    break;
+                }
+                probe++;
+            }
+            if (ended)
+                boundary = probe; /* the block (or the text) ends here */
+            if (boundary > index) {
+                first = index;
+                last = boundary - 1;
+                next = boundary;
+            }
+        }
+        if (first < 0 && (flags[index] & 4)) {
+            Py_ssize_t end = index + 1;
+            while (end < count && depth[end] > level)
+                end++;
+            if (end > index + 1 && next_kept[index + 1] >= end) {
+                first = index + 1;
+                last = end - 1;
+                next = end;
+            }
+        }
+        if (first >= 0) {
+            PyObject *run = PyTuple_Pack(2, PyList_GET_ITEM(first_line, first),
+                                         PyList_GET_ITEM(last_line, last));
+            if (run == NULL || PyList_Append(result, run) < 0) {
+                Py_XDECREF(run);
+                Py_CLEAR(result);
+                goto done;
+            }
+            Py_DECREF(run);
+        }
+        index = next;
+    }
+done:
+    PyMem_Free(depth);
+    PyMem_Free(flags);
+    PyMem_Free(next_kept);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"logical_lines", (PyCFunction)(void (*)(void))logical_lines, METH_FASTCALL,
      "logical_lines(text, barriers=None) -> (first lines, last lines, depths, "
@@ -731,6 +847,9 @@ static PyMethodDef methods[] = {
      "tokenizer must decide. With ``barriers`` (sorted line numbers), the "
      "body of each function with none of them is one ``pass`` row, and "
      "``cuts`` lists (first line, last line, indentation) of each."},
+    {"replaceable_runs", (PyCFunction)(void (*)(void))replaceable_runs, METH_FASTCALL,
+     "replaceable_runs(first_line, last_line, depth, first_token, header, kept) "
+     "-> [(first line, last line)]: skeleton._replaceable_runs in C."},
     {"needle_lines", (PyCFunction)(void (*)(void))needle_lines, METH_FASTCALL,
      "needle_lines(text, groups) -> (per group the sorted numbers of the "
      "lines holding one of its needles, the set of needles found)."},

@@ -27,7 +27,9 @@ Either way, a statement is then *kept* when one of its lines holds a hot
 substring (``scanner._HOT_STATEMENT``: the trigger tokens and ``import``),
 when it binds a name (an import, a class, a possible alias ``N = a.b`` or
 ``N = (a, b)``, a ``;`` line with an ``=``), or when it is the first
-statement of a file with ``from __future__``. Every stretch of
+statement of a file with ``from __future__``. (``_replaceable_runs`` below
+also has a C twin, ``_lexer.replaceable_runs``, used where it is built; the
+Python one is its specification.) Every stretch of
 whole statements of one block that are not kept - a compound statement with
 its block and clauses, a definition with its decorators - is replaced by
 one ``pass`` on its first line at its indentation, the rest of its lines
@@ -59,7 +61,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_right
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
@@ -160,7 +162,7 @@ def skeleton(text: str, hot: Sequence[str]) -> Skeleton | None:
     )
     replaced: list[tuple[int, int]] = []
     blanked: set[int] = set()
-    for first, last in _replaceable_runs(statements, keep):
+    for first, last in _runs(statements, keep):
         indent = _indent(lines[first - 1])
         _replace(lines, first, last, indent + "pass")
         replaced.append((first, len(indent.encode())))
@@ -457,6 +459,20 @@ def _statements_on(
         index = bisect_right(first_line, number) - 1
         if index >= 0 and last_line[index] >= number:
             yield index
+
+
+def _runs(statements: _Statements, kept: list[bool]) -> Iterable[tuple[int, int]]:
+    """``_replaceable_runs``, from the C lexer's loop where it is built."""
+    if _lexer is None:
+        return _replaceable_runs(statements, kept)
+    return _lexer.replaceable_runs(  # type: ignore[no-any-return]
+        statements.first_line,
+        statements.last_line,
+        statements.depth,
+        statements.first_token,
+        statements.header,
+        kept,
+    )
 
 
 def _replaceable_runs(
