@@ -166,6 +166,61 @@ async def test_remote_stage_over_tcp_and_heartbeat_loss(pipeline_dir: Path) -> N
         lease.release()
 
 
+async def test_a_machine_wide_pause_is_not_a_stage_death(
+    pipeline_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The whole machine pauses (a busy VM host, a suspended laptop) for
+    longer than both timeouts: the remote stage is stopped, and so is the
+    orchestrator's loop (this test's). Neither end may count that time as
+    the other's silence (``vllm_omni.engine.liveness``): before, the
+    orchestrator woke first and marked the healthy stage dead. A stage that
+    then really stays silent is still dead after the timeout."""
+    document = {
+        "model": "omni-remote",
+        "stages": [{"id": 0, "name": "thinker", "kind": "text", "remote": True}],
+    }
+    path = write_pipeline(pipeline_dir, document)
+    engine = AsyncOmni(pipeline=path, transport="tcp", heartbeat_timeout_s=1.5)
+    starting = asyncio.create_task(engine.start())
+    await wait_for(_true_when(lambda: bool(engine.address)))
+    pipeline = load_pipeline(path)
+    spec = WorkerSpec(
+        stage=pipeline.stages[0],
+        pipeline=pipeline,
+        address=engine.address,
+        orchestrator_timeout_s=2.0,
+    )
+    lease = processes.acquire()
+    remote = await asyncio.to_thread(lease.start_stage, spec, "remote")
+    try:
+        await starting
+        assert (await collect(engine, "before", request_id="p-1"))[-1].text == (
+            "You said: before"
+        )
+        os.kill(remote.pid, signal.SIGSTOP)
+        time.sleep(3.5)  # this loop, the orchestrator's, is paused too
+        os.kill(remote.pid, signal.SIGCONT)
+        await asyncio.sleep(1.0)
+        assert not engine.errored
+        assert remote.is_alive()
+        assert (await collect(engine, "after", request_id="p-2"))[-1].text == (
+            "You said: after"
+        )
+        assert "the orchestrator did not run for 3." in caplog.text
+        # Silence while the orchestrator runs is still a death.
+        os.kill(remote.pid, signal.SIGSTOP)
+        start = time.monotonic()
+        await wait_for(_true_when(lambda: engine.errored), timeout_s=4.0)
+        assert 1.4 < time.monotonic() - start < 3.5
+        assert engine.dead_error.reason == "stage heartbeat lost"  # type: ignore[attr-defined]
+    finally:
+        engine.shutdown()
+        if remote.is_alive():
+            os.kill(remote.pid, signal.SIGCONT)
+            remote.kill()
+        lease.release()
+
+
 def _true_when(condition: Any) -> Any:
     async def check() -> bool:
         return bool(condition())

@@ -72,8 +72,8 @@ import zmq.asyncio
 from vllm.exceptions import QueueOverflowError
 
 from vllm_omni.config import PipelineConfig, StageConfig
+from vllm_omni.engine import liveness, processes
 from vllm_omni.engine import messages as m
-from vllm_omni.engine import processes
 from vllm_omni.engine.processes import LauncherError, Lease, StageProcess
 from vllm_omni.engine.stage_worker import WorkerSpec, stage_identity
 from vllm_omni.errors import (
@@ -620,10 +620,21 @@ class Orchestrator:
 
     async def _watch(self) -> None:
         loop = asyncio.get_running_loop()
-        next_beat = loop.time()
+        next_beat = previous = loop.time()
         while self._dead is None and not self._closed:
             await asyncio.sleep(_WATCH_INTERVAL_S)
             now = loop.time()
+            paused = liveness.stalled(previous, now, _WATCH_INTERVAL_S)
+            previous = now
+            if paused:
+                # Not the stages' silence: see ``liveness``.
+                logger.warning(
+                    "the orchestrator did not run for %.1f s (process or machine "
+                    "paused); stage silence over that time is not counted",
+                    paused,
+                )
+                for handle in self._handles.values():
+                    handle.last_seen = liveness.credited(handle.last_seen, paused, now)
             for handle in self._handles.values():
                 process = handle.process
                 if process is not None and not process.is_alive():

@@ -60,6 +60,7 @@ import zmq.asyncio
 
 from vllm_omni import __version__
 from vllm_omni.config import PipelineConfig, StageConfig, load_pipeline
+from vllm_omni.engine import liveness
 from vllm_omni.engine import messages as m
 from vllm_omni.engine.faults import apply_fault, matching_fault
 from vllm_omni.errors import OmniServiceUnavailableError, fatal_reason, normalize
@@ -370,12 +371,17 @@ class StageWorker:
         parent = os.getppid()
         pid = self.spec.orchestrator_pid
         timeout = self.spec.orchestrator_timeout_s
+        previous = time.monotonic()
         while True:
             await asyncio.sleep(_WATCH_INTERVAL_S)
+            now = time.monotonic()
+            paused = liveness.stalled(previous, now, _WATCH_INTERVAL_S)
+            previous = now
+            if paused:
+                # Not the orchestrator's silence: see ``liveness``.
+                self._last_heard = liveness.credited(self._last_heard, paused, now)
             orphaned = os.getppid() != parent or (pid is not None and not _alive(pid))
-            silent = (
-                timeout is not None and time.monotonic() - self._last_heard > timeout
-            )
+            silent = timeout is not None and now - self._last_heard > timeout
             if orphaned or silent:
                 logger.warning("stage %d: orchestrator gone, exiting", self.stage_id)
                 stop.set()
