@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -131,7 +132,12 @@ async def test_a_stage_exits_when_its_orchestrator_is_gone(tmp_path: Path) -> No
         lease.release()
 
 
-async def test_remote_stage_over_tcp_and_heartbeat_loss(pipeline_dir: Path) -> None:
+@contextlib.asynccontextmanager
+async def _remote_stage(
+    pipeline_dir: Path, *, orchestrator_timeout_s: float
+) -> AsyncIterator[tuple[AsyncOmni, processes.StageProcess]]:
+    """An engine over ``tcp://`` (heartbeat timeout 1.5 s) whose one stage
+    runs as a remote process, started; both stopped afterwards."""
     document = {
         "model": "omni-remote",
         "stages": [{"id": 0, "name": "thinker", "kind": "text", "remote": True}],
@@ -146,12 +152,26 @@ async def test_remote_stage_over_tcp_and_heartbeat_loss(pipeline_dir: Path) -> N
         stage=pipeline.stages[0],
         pipeline=pipeline,
         address=engine.address,
-        orchestrator_timeout_s=5.0,
+        orchestrator_timeout_s=orchestrator_timeout_s,
     )
     lease = processes.acquire()
     remote = await asyncio.to_thread(lease.start_stage, spec, "remote")
     try:
         await starting
+        yield engine, remote
+    finally:
+        engine.shutdown()
+        if remote.is_alive():
+            os.kill(remote.pid, signal.SIGCONT)  # stopped by a drill
+            remote.kill()
+        lease.release()
+
+
+async def test_remote_stage_over_tcp_and_heartbeat_loss(pipeline_dir: Path) -> None:
+    async with _remote_stage(pipeline_dir, orchestrator_timeout_s=5.0) as (
+        engine,
+        remote,
+    ):
         outputs = await collect(engine, "over tcp", request_id="tcp-1")
         assert outputs[-1].text == "You said: over tcp"
         remote.kill()
@@ -159,11 +179,6 @@ async def test_remote_stage_over_tcp_and_heartbeat_loss(pipeline_dir: Path) -> N
         await wait_for(_true_when(lambda: engine.errored), timeout_s=3.0)
         assert time.monotonic() - start < 2.5
         assert engine.dead_error.stage_id == 0  # type: ignore[attr-defined]
-    finally:
-        engine.shutdown()
-        if remote.is_alive():
-            remote.kill()
-        lease.release()
 
 
 async def test_a_machine_wide_pause_is_not_a_stage_death(
@@ -175,25 +190,10 @@ async def test_a_machine_wide_pause_is_not_a_stage_death(
     the other's silence (``vllm_omni.engine.liveness``): before, the
     orchestrator woke first and marked the healthy stage dead. A stage that
     then really stays silent is still dead after the timeout."""
-    document = {
-        "model": "omni-remote",
-        "stages": [{"id": 0, "name": "thinker", "kind": "text", "remote": True}],
-    }
-    path = write_pipeline(pipeline_dir, document)
-    engine = AsyncOmni(pipeline=path, transport="tcp", heartbeat_timeout_s=1.5)
-    starting = asyncio.create_task(engine.start())
-    await wait_for(_true_when(lambda: bool(engine.address)))
-    pipeline = load_pipeline(path)
-    spec = WorkerSpec(
-        stage=pipeline.stages[0],
-        pipeline=pipeline,
-        address=engine.address,
-        orchestrator_timeout_s=2.0,
-    )
-    lease = processes.acquire()
-    remote = await asyncio.to_thread(lease.start_stage, spec, "remote")
-    try:
-        await starting
+    async with _remote_stage(pipeline_dir, orchestrator_timeout_s=2.0) as (
+        engine,
+        remote,
+    ):
         assert (await collect(engine, "before", request_id="p-1"))[-1].text == (
             "You said: before"
         )
@@ -213,12 +213,6 @@ async def test_a_machine_wide_pause_is_not_a_stage_death(
         await wait_for(_true_when(lambda: engine.errored), timeout_s=4.0)
         assert 1.4 < time.monotonic() - start < 3.5
         assert engine.dead_error.reason == "stage heartbeat lost"  # type: ignore[attr-defined]
-    finally:
-        engine.shutdown()
-        if remote.is_alive():
-            os.kill(remote.pid, signal.SIGCONT)
-            remote.kill()
-        lease.release()
 
 
 def _true_when(condition: Any) -> Any:
