@@ -220,10 +220,8 @@ def _fast_cut(text: str, lines: list[str], hot: tuple[str, ...]) -> _FastCut | N
     replaced: list[tuple[int, int]] = []
     blanked: set[int] = set()
     for first, last, width in cuts:
-        _replace(lines, first, last, " " * width + "pass")
-        replaced.append((first, width))
-        blanked.update(range(first, last + 1))
-    statements = _Statements(*columns, [second == "=" for second in columns[4]])
+        _cut_body(lines, first, last, width, replaced, blanked)
+    statements = _from_table(columns)
     return _FastCut(
         statements, replaced, blanked, hot_lines, semicolons, found.intersection(hot)
     )
@@ -286,12 +284,24 @@ def _cut_cold_bodies(
         first = line
         line += text.count("\n", body.start() + 1, stop)
         last, counted = line, stop
-        width = len(body.group(1))
-        _replace(lines, first, last, " " * width + "pass")
-        replaced.append((first, width))
-        blanked.update(range(first, last + 1))
+        _cut_body(lines, first, last, len(body.group(1)), replaced, blanked)
         cut_until = stop
     return replaced, blanked
+
+
+def _cut_body(
+    lines: list[str],
+    first: int,
+    last: int,
+    width: int,
+    replaced: list[tuple[int, int]],
+    blanked: set[int],
+) -> None:
+    """A function body on lines ``first``..``last``, indented ``width``
+    spaces, becomes one ``pass``; its position and lines are recorded."""
+    _replace(lines, first, last, " " * width + "pass")
+    replaced.append((first, width))
+    blanked.update(range(first, last + 1))
 
 
 def _def_lines(text: str) -> Iterator[tuple[int, int]]:
@@ -380,9 +390,13 @@ def _logical_lines(text: str) -> _Statements | None:
     has one, else from the tokenizer's tokens."""
     table = _lexer.logical_lines(text) if _lexer is not None else None
     if table is not None:
-        columns = table[:6]
-        return _Statements(*columns, [second == "=" for second in columns[4]])
+        return _from_table(table[:6])
     return _tokenized_lines(text)
+
+
+def _from_table(columns: Sequence[list[object]]) -> _Statements:
+    """The six columns of a C table, with the ``assignment`` column."""
+    return _Statements(*columns, [second == "=" for second in columns[4]])
 
 
 def _tokenized_lines(text: str) -> _Statements | None:
@@ -413,7 +427,7 @@ def _tokenized_lines(text: str) -> _Statements | None:
     if not rows:
         return _Statements([], [], [], [], [], [], [])
     columns = [list(column) for column in zip(*rows, strict=True)]
-    return _Statements(*columns, [second == "=" for second in columns[4]])
+    return _from_table(columns)
 
 
 def _kept(
