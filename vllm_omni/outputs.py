@@ -15,7 +15,7 @@ from typing import Any
 
 from vllm_omni.errors.details import OmniErrorDetails
 
-__all__ = ["DiffusionOutput", "OmniRequestOutput"]
+__all__ = ["DiffusionOutput", "OmniRequestOutput", "TextChoice"]
 
 
 @dataclass(slots=True)
@@ -33,14 +33,28 @@ class DiffusionOutput:
 
 
 @dataclass(slots=True)
+class TextChoice:
+    """One of a text request's ``n`` choices, complete (the final output's
+    ``choices``). ``logprobs`` is in the OpenAI shape of the request's API
+    (chat: a list of per-token entries; completions: the four arrays)."""
+
+    index: int
+    text: str = ""
+    finish_reason: str | None = None
+    logprobs: Any = None
+
+
+@dataclass(slots=True)
 class OmniRequestOutput:
     """One step of a request's result stream; the last one has ``finished``.
 
     Text requests stream one output per token: ``text_delta`` is the new
-    token, ``text`` the text so far. The final output (``finished=True``,
-    empty ``text_delta``) carries everything: the full ``text``, ``audio``
-    (WAV), and for image/video routes ``diffusion`` (``image``/``images``
-    PNG, ``video`` GIF).
+    token of choice ``index`` (with its ``logprobs``, and its
+    ``finish_reason`` on the choice's last delta), ``text`` the text of that
+    choice so far. The final output (``finished=True``, empty ``text_delta``)
+    carries everything: the full ``text`` (choice 0), every choice in
+    ``choices``, ``audio`` (WAV), and for image/video routes ``diffusion``
+    (``image``/``images`` PNG, ``video`` GIF).
     """
 
     request_id: str
@@ -48,6 +62,9 @@ class OmniRequestOutput:
     text: str = ""
     text_delta: str = ""
     finish_reason: str | None = None
+    index: int = 0
+    logprobs: Any = None
+    choices: list[TextChoice] = field(default_factory=list)
     audio: bytes | None = None  # WAV, 16-bit PCM mono
     diffusion: DiffusionOutput | None = None
     # The stage that produced this output (the last stage of the route when finished).

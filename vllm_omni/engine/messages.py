@@ -76,6 +76,12 @@ class Payload(msgspec.Struct, kw_only=True, omit_defaults=True):
     images: list[bytes] = []
     video: bytes | None = None
     meta: dict[str, Any] = {}
+    # Text stages with several choices (``n``): the choice this chunk belongs
+    # to, the reason that choice finished (on its last chunk), and the chunk's
+    # logprobs already in the OpenAI shape of the request's API.
+    index: int = 0
+    finish_reason: str | None = None
+    logprobs: Any = None
 
 
 class _Base(msgspec.Struct, tag_field="type", kw_only=True):

@@ -96,7 +96,8 @@ from vllm_omni.errors.metrics import (
     AbortReason,
     record_abort,
 )
-from vllm_omni.outputs import DiffusionOutput, OmniRequestOutput
+from vllm_omni.outputs import DiffusionOutput, OmniRequestOutput, TextChoice
+from vllm_omni.stages import stage_params
 
 __all__ = [
     "DEFAULT_MAX_NUM_QUEUED_REQS",
@@ -259,6 +260,12 @@ def _bad_param(value: object, path: str, depth: int = 0) -> str | None:
     return path
 
 
+@functools.cache
+def _read_by(kinds: tuple[str, ...]) -> frozenset[str]:
+    """The ``params`` keys some stage kind of a route reads."""
+    return frozenset().union(*(stage_params(kind) for kind in kinds))
+
+
 def _reap(processes: list[StageProcess], lease: Lease, ipc_dir: str | None) -> None:
     """Last resort (GC, interpreter exit): no stage outlives its engine; the
     launcher closes with its last lease."""
@@ -353,6 +360,11 @@ class Orchestrator:
 
     def stage_pids(self) -> dict[int, int | None]:
         return {sid: handle.pid for sid, handle in self._handles.items()}
+
+    def stage_for(self, modality: str) -> StageConfig | None:
+        """The first stage producing ``modality`` (its first producer kind)."""
+        chain = _PRODUCERS.get(modality)
+        return self._first_of(chain[0]) if chain else None
 
     def _first_of(self, kinds: tuple[str, ...]) -> StageConfig | None:
         return next((s for s in self.pipeline.stages if s.kind in kinds), None)
@@ -831,6 +843,14 @@ class Orchestrator:
                 "bool, bytes, lists and mappings of them)",
                 parameter=bad or "params",
             )
+        readable = _read_by(tuple(stage.kind for stage in route))
+        unread = next((key for key in params if key not in readable), None)
+        if unread is not None:
+            raise VLLMValidationError(
+                f"{unread} is not a parameter of any stage this request goes "
+                f"through ({', '.join(f'{s.id} ({s.name})' for s in route)})",
+                parameter=str(unread),
+            )
         if request_id in self._requests:
             raise OmniConflictError("A request with this id is already in flight.")
         if self._unreachable:
@@ -911,17 +931,22 @@ class Orchestrator:
                     final.stage_id = stage.id
                     yield final
                     return
-                _accumulate(result, item.payload)
-                if item.payload.meta:
-                    final.meta.setdefault(stage.name, {}).update(item.payload.meta)
-                if "text" in wanted and stage.kind in _TEXT_KINDS and item.payload.text:
-                    final.text += item.payload.text
-                    yield OmniRequestOutput(
-                        request_id=request.request_id,
-                        text=final.text,
-                        text_delta=item.payload.text,
-                        stage_id=stage.id,
-                    )
+                payload = item.payload
+                _accumulate(result, payload)
+                if payload.meta:
+                    final.meta.setdefault(stage.name, {}).update(payload.meta)
+                if "text" in wanted and stage.kind in _TEXT_KINDS:
+                    choice = _choice(final, payload)
+                    if payload.text or payload.finish_reason or payload.logprobs:
+                        yield OmniRequestOutput(
+                            request_id=request.request_id,
+                            text=choice.text,
+                            text_delta=payload.text,
+                            index=payload.index,
+                            logprobs=payload.logprobs,
+                            finish_reason=payload.finish_reason,
+                            stage_id=stage.id,
+                        )
                 if item.finished:
                     break
             self._cancel_timer(request)
@@ -1060,6 +1085,31 @@ class Orchestrator:
         return results
 
 
+def _choice(final: OmniRequestOutput, chunk: m.Payload) -> TextChoice:
+    """Fold a text stage's chunk into its choice of ``final`` (choice 0's
+    text is also ``final.text``); the updated choice."""
+    while len(final.choices) <= chunk.index:
+        final.choices.append(TextChoice(index=len(final.choices)))
+    choice = final.choices[chunk.index]
+    choice.text += chunk.text
+    if chunk.index == 0:
+        final.text = choice.text
+    if chunk.finish_reason is not None:
+        choice.finish_reason = chunk.finish_reason
+    if chunk.logprobs is not None:
+        choice.logprobs = _merge_logprobs(choice.logprobs, chunk.logprobs)
+    return choice
+
+
+def _merge_logprobs(into: Any, chunk: Any) -> Any:
+    """Chat logprobs are a list of entries; completion logprobs four arrays."""
+    if into is None:
+        return chunk
+    if isinstance(into, list):
+        return into + list(chunk)
+    return {key: [*(into.get(key) or ()), *(chunk.get(key) or ())] for key in chunk}
+
+
 def _accumulate(into: m.Payload, chunk: m.Payload) -> None:
     into.text += chunk.text
     into.tokens.extend(chunk.tokens)
@@ -1076,7 +1126,7 @@ def _finish_stage(
 ) -> None:
     """Fold a finished stage's result into the request's final output."""
     if stage.kind in _TEXT_KINDS:
-        final.finish_reason = result.meta.get("finish_reason")
+        final.finish_reason = final.choices[0].finish_reason if final.choices else None
     elif stage.kind == "vocoder":
         final.audio = result.audio
     elif stage.kind in ("image", "video"):

@@ -38,9 +38,14 @@ import os
 import uuid
 import weakref
 from collections.abc import AsyncGenerator, Iterable, Mapping
-from typing import Any, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
-from vllm_omni.config import PipelineConfig, WorkerBackend, load_pipeline
+from vllm_omni.config import (
+    PipelineConfig,
+    StageConfig,
+    WorkerBackend,
+    load_pipeline,
+)
 from vllm_omni.engine.orchestrator import (
     DEFAULT_MAX_NUM_QUEUED_REQS,
     Orchestrator,
@@ -54,6 +59,9 @@ from vllm_omni.errors import (
 )
 from vllm_omni.errors.metrics import AbortReason
 from vllm_omni.outputs import OmniRequestOutput
+
+if TYPE_CHECKING:
+    from vllm.sampling_params import SamplingParams
 
 __all__ = ["AsyncOmni"]
 
@@ -187,6 +195,13 @@ class AsyncOmni:
         """The output modalities this pipeline can produce."""
         return self._orchestrator.modalities
 
+    def stage_for(self, modality: str) -> StageConfig | None:
+        """The stage that does a modality's main work (``text``: the text or
+        ``vllm`` stage; ``audio``: the talker; ``image``, ``video``), the one
+        whose kind decides which request fields are honoured; ``None`` when
+        the pipeline has none."""
+        return self._orchestrator.stage_for(modality)
+
     @property
     def voices(self) -> list[str]:
         """Voice names the talker accepts (empty without a speech route)."""
@@ -209,12 +224,18 @@ class AsyncOmni:
         *,
         request_id: str | None = None,
         modalities: Iterable[str] | str = ("text",),
-        params: Mapping[str, Any] | None = None,
+        params: Mapping[str, Any] | SamplingParams | None = None,
     ) -> AsyncGenerator[OmniRequestOutput, None]:
         """Run one request; yields outputs, the last with ``finished=True``.
 
-        Text streams one output per token (``text_delta``); audio, images and
-        video arrive in the final output. Raises:
+        Text streams one output per token (``text_delta``, with the choice
+        ``index`` when ``n`` > 1); audio, images and video arrive in the final
+        output. ``params`` maps the parameters the request's stages read
+        (``vllm_omni.stages.STAGE_PARAMS``; a ``vllm`` stage reads every
+        keyword of upstream's ``SamplingParams``), or is upstream's
+        ``SamplingParams`` itself for a pipeline whose text stage is a
+        ``vllm`` stage, as ``vllm.LLM.generate`` callers pass it. A key that
+        no stage on the route reads is refused, never dropped. Raises:
 
         - ``OmniEngineDeadError`` (an ``EngineDeadError``) when the engine is
           dead, before or during the request;
@@ -253,7 +274,7 @@ class AsyncOmni:
                 prompt,
                 request_id=request_id,
                 modalities=parse_modalities(modalities),
-                params=params or {},
+                params=_plain_params(params),
             )
             # aclosing: closing this generator aborts the request at once.
             async with contextlib.aclosing(stream) as outputs:
@@ -390,3 +411,18 @@ def _shutdown_soon(loop: asyncio.AbstractEventLoop, orchestrator: Orchestrator) 
         return
     with contextlib.suppress(RuntimeError):  # closed between check and call
         loop.call_soon_threadsafe(orchestrator.shutdown)
+
+
+def _plain_params(params: Mapping[str, Any] | SamplingParams | None) -> Any:
+    """``params`` as the stage wire carries it: upstream's ``SamplingParams``
+    travels whole (msgspec JSON) to the ``vllm`` stage, which decodes it."""
+    if params is None:
+        return {}
+    if isinstance(params, Mapping):
+        return params
+    import msgspec
+    from vllm.sampling_params import SamplingParams
+
+    if isinstance(params, SamplingParams):
+        return {"sampling_params": msgspec.json.encode(params)}
+    return params

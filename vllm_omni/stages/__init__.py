@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from vllm_omni.config import PipelineConfig, StageConfig
     from vllm_omni.stages.base import Stage
 
-__all__ = ["STAGE_KINDS", "build_stage"]
+__all__ = ["STAGE_KINDS", "STAGE_PARAMS", "build_stage", "stage_params"]
 
 STAGE_KINDS: dict[str, str] = {
     "text": "vllm_omni.stages.text:TextStage",
@@ -26,6 +26,33 @@ STAGE_KINDS: dict[str, str] = {
     "guardrail": "vllm_omni.stages.guardrail:GuardrailStage",
     "vllm": "vllm_omni.stages.vllm_backend:VLLMStage",
 }
+
+
+# The request ``params`` keys each kind reads: a key that no stage on a
+# request's route reads is refused (400 naming it) before anything is sent,
+# never dropped. A ``vllm`` stage also reads every keyword of upstream's
+# ``SamplingParams`` (``stage_params`` adds them, importing vLLM only then).
+STAGE_PARAMS: dict[str, frozenset[str]] = {
+    "text": frozenset({"max_tokens", "temperature", "seed", "stop", "n"}),
+    "talker": frozenset({"voice", "speed"}),
+    "vocoder": frozenset(),
+    "image": frozenset(
+        {"n", "size", "seed", "image", "max_image_pixels", "max_image_frames"}
+    ),
+    "video": frozenset({"seconds", "size", "fps", "seed"}),
+    "guardrail": frozenset(),
+    "vllm": frozenset({"lora", "openai", "sampling_params"}),
+}
+
+
+def stage_params(kind: str) -> frozenset[str]:
+    """The ``params`` keys a stage of ``kind`` reads."""
+    keys = STAGE_PARAMS.get(kind, frozenset())
+    if kind == "vllm":
+        from vllm.sampling_params import SamplingParams
+
+        keys = keys | frozenset(SamplingParams.__struct_fields__)
+    return keys
 
 
 def build_stage(config: StageConfig, pipeline: PipelineConfig) -> Stage:

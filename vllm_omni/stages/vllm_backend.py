@@ -18,8 +18,19 @@ translation of what upstream reports into what the stage worker normalizes:
   ``add_lora`` on ``start``, so a bad configured path fails the stage start,
   not a request. Without ``enable_lora`` any adapter is a 400 (parameter
   ``lora``) raised here: upstream's own 400 prints the ``LoRARequest``;
-- sampling values go to upstream's ``SamplingParams`` unchanged (after a
-  type check), so upstream's own validation decides, with its ``parameter``;
+- an OpenAI request from a route (``params["openai"]``: the API, ``chat``
+  or ``completion``, and the request's JSON) is read with upstream's own
+  request model, rendered by upstream's ``OnlineRenderer`` (the model's chat
+  template, tokenization, prompt-length checks) and turned into
+  ``SamplingParams`` by upstream's ``get_max_tokens`` and
+  ``to_sampling_params``, as ``vllm serve`` does: everything the engine
+  supports is honoured, validated by upstream with its ``parameter``; an
+  ``ErrorResponse`` the renderer returns is raised as its semantic class;
+- an offline caller's ``params`` are ``SamplingParams`` keywords (or the
+  object itself, ``sampling_params``), type-checked by msgspec and
+  validated by upstream;
+- every choice (``n``) streams with its ``index``, its ``finish_reason`` on
+  its last chunk, and its logprobs in the OpenAI shape of the request's API;
 - a ``RequestError`` on an output (``output.error``, as 0.33 exposes it on
   pooling outputs) becomes a record through ``from_request_error`` and is
   raised as the matching remote exception; an ``"error"`` finish reason is a
@@ -33,13 +44,17 @@ classification is ``normalize``'s job.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any, ClassVar, NoReturn
 
 from vllm_omni.config import PipelineConfig, StageConfig
 from vllm_omni.engine.messages import Payload, Submit
 from vllm_omni.errors import (
     GenerationError,
+    GracefulHTTPError,
     VLLMNotFoundError,
     VLLMValidationError,
     from_request_error,
@@ -61,37 +76,138 @@ def build_async_llm(engine_args: dict[str, Any]) -> Any:
     return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args))
 
 
-def _number(params: Mapping[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
-    """``params[name]`` if absent or of ``kind`` (bool excluded), else a 400."""
-    value = params.get(name)
-    if value is None or (isinstance(value, kind) and not isinstance(value, bool)):
-        return value
-    raise VLLMValidationError(f"{name} has the wrong type", parameter=name)
-
-
-def _flag(params: Mapping[str, Any], name: str) -> bool:
-    """``params[name]`` as a bool (absent: ``False``), else a 400."""
-    value = params.get(name, False)
-    if isinstance(value, bool):
-        return value
-    raise VLLMValidationError(f"{name} has the wrong type", parameter=name)
-
-
-def _sampling_params(params: Mapping[str, Any]) -> Any:
-    """Upstream ``SamplingParams``: upstream validates the values and names the
-    offending ``parameter`` (``VLLMValidationError``)."""
+def _offline_sampling_params(params: Mapping[str, Any]) -> Any:
+    """Upstream ``SamplingParams`` from an offline caller's ``params``: the
+    whole object (``sampling_params``, msgspec JSON, as ``AsyncOmni`` sends
+    it) or its keywords. msgspec checks each keyword's type (a 400 naming
+    it), upstream's ``__post_init__`` its domain (``VLLMValidationError``
+    with its own ``parameter``)."""
+    import msgspec
     from vllm.sampling_params import RequestOutputKind, SamplingParams
 
-    max_tokens = _number(params, "max_tokens", int)
-    temperature = _number(params, "temperature", (int, float))
-    return SamplingParams(
-        max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
-        temperature=0.0 if temperature is None else float(temperature),
-        seed=_number(params, "seed", int),
-        # vLLM's extension: generate max_tokens whatever the model's EOS.
-        ignore_eos=_flag(params, "ignore_eos"),
-        output_kind=RequestOutputKind.DELTA,
+    encoded = params.get("sampling_params")
+    keywords = {
+        key: value
+        for key, value in params.items()
+        if key in SamplingParams.__struct_fields__
+    }
+    keywords.setdefault("max_tokens", DEFAULT_MAX_TOKENS)
+    keywords.setdefault("temperature", 0.0)
+    try:
+        if isinstance(encoded, bytes):
+            sampling = msgspec.json.decode(encoded, type=SamplingParams)
+        else:
+            sampling = msgspec.convert(keywords, SamplingParams, strict=True)
+    except msgspec.ValidationError as exc:
+        parameter = _path_parameter(str(exc)) or "sampling_params"
+        raise VLLMValidationError(
+            f"{parameter} has the wrong type", parameter=parameter
+        ) from None
+    sampling.output_kind = RequestOutputKind.DELTA
+    return sampling
+
+
+def _path_parameter(message: str) -> str | None:
+    """The field a msgspec error names (``... - at `$.temperature```)."""
+    marker = "at `$."
+    at = message.rfind(marker)
+    return message[at + len(marker) :].rstrip("`").split("[")[0] if at >= 0 else None
+
+
+def _raise_error_response(response: Any) -> NoReturn:
+    """Upstream's renderer answers some client mistakes with an
+    ``ErrorResponse`` instead of raising: raise its semantic class."""
+    error = response.error
+    if error.code == HTTPStatus.BAD_REQUEST:
+        raise VLLMValidationError(error.message, parameter=error.param)
+    if error.code == HTTPStatus.NOT_FOUND:
+        raise VLLMNotFoundError(error.message)
+    raise GracefulHTTPError(error.message, HTTPStatus(error.code))
+
+
+def _logprob_token(logprob: Any, token_id: int) -> str:
+    return logprob.decoded_token if logprob.decoded_token is not None else ""
+
+
+def _first(step: Mapping[int, Any], top: int) -> list[tuple[int, Any]]:
+    """The first ``top`` (all for -1) of a step's logprobs, in the engine's
+    order (sampled token first), as upstream's serving layer picks them."""
+    items = list(step.items())
+    return items if top == -1 else items[: max(top, 0)]
+
+
+def _chat_logprobs(completion: Any, top: int) -> list[dict[str, Any]]:
+    """Per-token logprobs of a delta in the chat shape, built with upstream's
+    own response models."""
+    from vllm.entrypoints.openai.chat_completion.protocol import (
+        ChatCompletionLogProb,
+        ChatCompletionLogProbsContent,
     )
+
+    entries = []
+    for token_id, step in zip(completion.token_ids, completion.logprobs, strict=False):
+        chosen = step[token_id]
+        token = _logprob_token(chosen, token_id)
+        entries.append(
+            ChatCompletionLogProbsContent(
+                token=token,
+                logprob=max(chosen.logprob, -9999.0),
+                bytes=list(token.encode("utf-8", errors="replace")),
+                top_logprobs=[
+                    ChatCompletionLogProb(
+                        token=(text := _logprob_token(lp, tid)),
+                        logprob=max(lp.logprob, -9999.0),
+                        bytes=list(text.encode("utf-8", errors="replace")),
+                    )
+                    for tid, lp in _first(step, top)
+                ],
+            ).model_dump(exclude_none=True)
+        )
+    return entries
+
+
+def _completion_logprobs(
+    completion: Any, top: int, offset: int
+) -> tuple[dict[str, Any], int]:
+    """A delta's logprobs in the completions shape (four arrays, offsets
+    counted from ``offset``), and the offset after it."""
+    from vllm.entrypoints.openai.completion.protocol import CompletionLogProbs
+
+    result = CompletionLogProbs()
+    for token_id, step in zip(completion.token_ids, completion.logprobs, strict=False):
+        chosen = step[token_id]
+        token = _logprob_token(chosen, token_id)
+        result.tokens.append(token)
+        result.token_logprobs.append(max(chosen.logprob, -9999.0))
+        result.text_offset.append(offset)
+        offset += len(token)
+        result.top_logprobs.append(
+            {
+                _logprob_token(lp, tid): max(lp.logprob, -9999.0)
+                for tid, lp in _first(step, top)
+            }
+        )
+    return result.model_dump(), offset
+
+
+# The OpenAI request models of upstream that a route hands over (``openai``).
+_REQUEST_MODELS = {
+    "chat": "vllm.entrypoints.openai.chat_completion.protocol:ChatCompletionRequest",
+    "completion": "vllm.entrypoints.openai.completion.protocol:CompletionRequest",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Inputs:
+    """What one request hands to ``AsyncLLM.generate``, and how its logprobs
+    are shaped (``api``: ``chat``, ``completion`` or ``None`` offline;
+    ``top``: top logprobs per token, ``None`` when not asked for)."""
+
+    prompt: Any
+    sampling: Any
+    api: str | None
+    top: int | None
+    priority: int
 
 
 class VLLMStage(Stage):
@@ -131,6 +247,7 @@ class VLLMStage(Stage):
         self._lora_enabled = bool(self._engine_args.get("enable_lora"))
         self._engine_factory = engine_factory
         self._engine: Any = None
+        self._renderer: Any = None
 
     async def start(self) -> None:
         if self._engine is None:
@@ -163,15 +280,91 @@ class VLLMStage(Stage):
             raise VLLMNotFoundError("The LoRA adapter does not exist.")
         return self._lora_request(name)
 
+    def _online_renderer(self) -> Any:
+        """Upstream's ``OnlineRenderer`` over this engine, built once: the
+        renderer ``vllm serve`` puts in front of its chat and completion
+        handlers (chat template, tokenization, prompt-length checks)."""
+        if self._renderer is None:
+            from vllm.renderers.online_renderer import OnlineRenderer
+
+            self._renderer = OnlineRenderer(
+                self._engine.model_config,
+                self._engine.renderer,
+                request_logger=None,
+                chat_template=None,
+                chat_template_content_format="auto",
+            )
+        return self._renderer
+
+    async def _openai_inputs(self, openai: Mapping[str, Any]) -> _Inputs:
+        """Engine input and ``SamplingParams`` of an OpenAI request, exactly as
+        upstream's serving layer makes them: its request model, its renderer,
+        its ``get_max_tokens`` and ``to_sampling_params``."""
+        from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+        from vllm.entrypoints.serve.utils.api_utils import get_max_tokens
+
+        api = openai.get("api")
+        model_type = _REQUEST_MODELS.get(api) if isinstance(api, str) else None
+        body = openai.get("request")
+        if model_type is None or not isinstance(body, str):
+            raise VLLMValidationError("malformed OpenAI request", parameter="openai")
+        module, name = model_type.rsplit(":", 1)
+        model = getattr(importlib.import_module(module), name)
+        openai_request = model.model_validate_json(body)
+        renderer = self._online_renderer()
+        if api == "chat":
+            rendered = await renderer.render_chat(openai_request)
+            if isinstance(rendered, ErrorResponse):
+                _raise_error_response(rendered)
+            engine_inputs = rendered[1]
+            max_tokens = (
+                openai_request.max_completion_tokens
+                if openai_request.max_completion_tokens is not None
+                else openai_request.max_tokens
+            )
+            top = openai_request.top_logprobs if openai_request.logprobs else None
+        else:
+            rendered = await renderer.render_completion(openai_request)
+            if isinstance(rendered, ErrorResponse):
+                _raise_error_response(rendered)
+            engine_inputs = rendered
+            max_tokens = openai_request.max_tokens
+            top = openai_request.logprobs
+        (engine_input,) = engine_inputs
+        model_config = self._engine.model_config
+        defaults = model_config.get_diff_sampling_param()
+        prompt_tokens = len(engine_input.get("prompt_token_ids") or ())
+        sampling = openai_request.to_sampling_params(
+            get_max_tokens(
+                model_config.max_model_len,
+                max_tokens,
+                prompt_tokens,
+                defaults,
+                truncate_prompt_tokens=openai_request.truncate_prompt_tokens,
+            ),
+            defaults,
+        )
+        return _Inputs(engine_input, sampling, api, top, openai_request.priority)
+
     async def generate(self, request: Submit) -> AsyncIterator[Payload]:
         await self.start()
-        sampling = _sampling_params(request.params)
         lora = self._lora_for(request.params)
+        openai = request.params.get("openai")
+        if isinstance(openai, Mapping):
+            inputs = await self._openai_inputs(openai)
+        else:
+            sampling = _offline_sampling_params(request.params)
+            inputs = _Inputs(request.prompt, sampling, None, sampling.logprobs, 0)
         stream = self._engine.generate(
-            request.prompt, sampling, request.request_id, lora_request=lora
+            inputs.prompt,
+            inputs.sampling,
+            request.request_id,
+            lora_request=lora,
+            priority=inputs.priority,
         )
         # Token counts for the response's usage: deltas carry their own ids.
         prompt_tokens = completion_tokens = 0
+        offsets: dict[int, int] = {}
         # Closing the stream on cancel lets AsyncLLM abort the request itself.
         try:
             async for output in stream:
@@ -186,23 +379,43 @@ class VLLMStage(Stage):
                     )
                 if output.prompt_token_ids:
                     prompt_tokens = len(output.prompt_token_ids)
-                for completion in output.outputs[:1]:
+                for completion in output.outputs:
                     if completion.finish_reason == "error":
                         raise GenerationError("Internal server error")
                     completion_tokens += len(completion.token_ids or ())
+                    finished = completion.finish_reason is not None
                     meta = (
                         {
-                            "finish_reason": completion.finish_reason,
                             "prompt_tokens": prompt_tokens,
                             "completion_tokens": completion_tokens,
                         }
-                        if completion.finish_reason
+                        if finished
                         else {}
                     )
-                    if completion.text or meta:
-                        yield Payload(text=completion.text, meta=meta)
+                    logprobs = self._logprobs(inputs, completion, offsets)
+                    if completion.text or finished or logprobs is not None:
+                        yield Payload(
+                            text=completion.text,
+                            meta=meta,
+                            index=completion.index,
+                            finish_reason=completion.finish_reason,
+                            logprobs=logprobs,
+                        )
         finally:
             await stream.aclose()
+
+    @staticmethod
+    def _logprobs(inputs: _Inputs, completion: Any, offsets: dict[int, int]) -> Any:
+        """The delta's logprobs in the shape of the request's API (chat for
+        offline callers), or ``None`` when none were asked for."""
+        if inputs.top is None or not completion.logprobs:
+            return None
+        if inputs.api == "completion":
+            logprobs, offsets[completion.index] = _completion_logprobs(
+                completion, inputs.top, offsets.get(completion.index, 0)
+            )
+            return logprobs
+        return _chat_logprobs(completion, inputs.top)
 
     async def shutdown(self) -> None:
         if self._engine is not None:

@@ -1,5 +1,13 @@
 """``POST /v1/chat/completions``: text (and audio) chat, plain or streamed (SSE).
 
+The request is upstream vLLM's own ``ChatCompletionRequest`` (imported, with
+vLLM-Omni's ``modalities``, ``audio`` and ``lora`` added), so every field
+vLLM knows is validated exactly as vLLM validates it, with its ``param``.
+Each field the client sets is then honoured by the pipeline or refused with
+a 400 naming it (``fields.py``): a ``vllm`` stage receives the request
+itself and renders and samples it with upstream's code; the reference
+``text`` stage honours the few fields it implements.
+
 Streaming follows DESIGN §4: engine health, request validation and the
 *first output* are awaited before the 200 goes out, so every failure up to
 then is an ordinary HTTP error with its real status. After the headers, a
@@ -10,48 +18,45 @@ the engine stream aborts the request in every stage, and that is not an error.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
-import json
 import time
-from collections.abc import AsyncIterator
-from typing import Any, Literal
+from collections.abc import Iterable
+from typing import Any, ClassVar, Literal
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel
 from starlette.responses import StreamingResponse
+from vllm.entrypoints.openai.chat_completion.protocol import (
+    ChatCompletionRequest as UpstreamChatCompletionRequest,
+)
 
+from vllm_omni.config import StageConfig
 from vllm_omni.entrypoints.openai.routes.common import (
-    Int64,
-    PositiveInt64,
     check_model,
     check_prompt,
     engine_of,
     request_id_of,
 )
+from vllm_omni.entrypoints.openai.routes.generation import (
+    check_request,
+    sse,
+    stream_chunks,
+    text_stage,
+    upstream_json,
+    usage,
+)
 from vllm_omni.errors import VLLMValidationError
-from vllm_omni.errors.fastapi import stream_error_details
-from vllm_omni.errors.render import sse_error_events
-from vllm_omni.outputs import OmniRequestOutput
+from vllm_omni.outputs import OmniRequestOutput, TextChoice
 
-__all__ = ["router"]
+__all__ = ["ChatCompletionRequest", "router"]
 
 router = APIRouter()
 
-
-class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    type: str
-    text: str | None = None
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = None
+# Roles of the OpenAI chat API. Upstream also accepts any other string (a
+# custom role its templates may know); a stricter refusal here, documented
+# in docs/errors/status-mapping.md.
+_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 
 class AudioOptions(BaseModel):
@@ -59,86 +64,96 @@ class AudioOptions(BaseModel):
     format: Literal["wav"] = "wav"
 
 
-class ChatCompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class ChatCompletionRequest(UpstreamChatCompletionRequest):
+    """Upstream's chat request, plus the fields vLLM-Omni adds."""
 
-    model: str | None = None
-    messages: list[ChatMessage] = Field(min_length=1)
-    stream: bool = False
-    # Each is checked on its own (at least 1), so neither a 0 next to the
-    # other nor a negative value is mistaken for "not given".
-    max_tokens: PositiveInt64 | None = None
-    max_completion_tokens: PositiveInt64 | None = None
-    temperature: float | None = None
-    seed: Int64 | None = None
-    # vLLM's extension (``extra_body``): generate max_tokens, past any EOS.
-    ignore_eos: StrictBool | None = None
+    # Upstream caches its field names per class (extras logging): ours.
+    field_names: ClassVar[set[str] | None] = None
+
     modalities: list[Literal["text", "audio"]] | None = None
     audio: AudioOptions | None = None
+    # A LoRA adapter by name (``extra_body={"lora": ...}``); the stage decides.
+    lora: str | None = None
 
 
-def _prompt(request: ChatCompletionRequest) -> str:
+def _prompt(messages: list[Any], stage: StageConfig) -> str:
+    """The messages' text (what the guardrail and the reference stage read).
+
+    A role outside the OpenAI API is a 400 on that role; a content part that
+    is not text is a 400 on that part unless a ``vllm`` stage renders it.
+    """
     parts: list[str] = []
-    for message in request.messages:
-        if isinstance(message.content, str):
-            parts.append(message.content)
-        elif message.content:
-            parts.extend(p.text for p in message.content if p.text)
+    for i, message in enumerate(messages):
+        role = message.get("role") if isinstance(message, dict) else None
+        if role not in _ROLES:
+            raise VLLMValidationError(
+                f"role must be one of {', '.join(_ROLES)}",
+                parameter=f"messages[{i}].role",
+            )
+        content = message.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+            continue
+        for j, part in enumerate(content if isinstance(content, list) else ()):
+            if isinstance(part, dict) and part.get("type") == "text":
+                parts.append(str(part.get("text") or ""))
+            elif stage.kind != "vllm":
+                raise VLLMValidationError(
+                    f"non-text content is not supported by stage {stage.id} "
+                    f"({stage.name})",
+                    parameter=f"messages[{i}].content[{j}]",
+                )
     prompt = "\n".join(p for p in parts if p)
     if not prompt.strip():
         raise VLLMValidationError("messages must contain text", parameter="messages")
     return prompt
 
 
-def _params(request: ChatCompletionRequest) -> dict[str, Any]:
+def _params(
+    body: ChatCompletionRequest, raw: dict[str, Any], stage: StageConfig
+) -> dict[str, Any]:
+    """What the stages read: a ``vllm`` stage the request itself, the
+    reference text stage its few fields; the talker the voice."""
     params: dict[str, Any] = {}
-    # max_completion_tokens supersedes the deprecated max_tokens (OpenAI, vLLM).
-    max_tokens = (
-        request.max_completion_tokens
-        if request.max_completion_tokens is not None
-        else request.max_tokens
-    )
-    if max_tokens is not None:
-        params["max_tokens"] = max_tokens
-    if request.temperature is not None:
-        params["temperature"] = request.temperature
-    if request.seed is not None:
-        params["seed"] = request.seed
-    if request.ignore_eos is not None:
-        params["ignore_eos"] = request.ignore_eos
-    if request.audio is not None:
-        params["voice"] = request.audio.voice
-    # A LoRA adapter by name (``extra_body={"lora": ...}``); the stage decides.
-    lora = (request.model_extra or {}).get("lora")
-    if lora is not None:
-        params["lora"] = lora
+    if stage.kind == "vllm":
+        params["openai"] = {
+            "api": "chat",
+            "request": upstream_json(raw, UpstreamChatCompletionRequest),
+        }
+        if body.lora is not None:
+            params["lora"] = body.lora
+    else:
+        # max_completion_tokens supersedes the deprecated max_tokens.
+        max_tokens = (
+            body.max_completion_tokens
+            if body.max_completion_tokens is not None
+            else body.max_tokens
+        )
+        for name, value in (
+            ("max_tokens", max_tokens),
+            ("temperature", body.temperature),
+            ("seed", body.seed),
+            ("stop", body.stop or None),
+            ("n", body.n if body.n != 1 else None),
+        ):
+            if value is not None:
+                params[name] = value
+    if body.audio is not None:
+        params["voice"] = body.audio.voice
     return params
 
 
-def _usage(prompt: str, text: str, final: OmniRequestOutput | None) -> dict[str, int]:
-    """The engine's token counts when a stage reported them (the ``vllm``
-    stage does), else the reference stages' tokens: words."""
-    counted = next(
-        (
-            meta
-            for meta in reversed(list(final.meta.values()) if final else [])
-            if isinstance(meta, dict)
-            and isinstance(meta.get("prompt_tokens"), int)
-            and isinstance(meta.get("completion_tokens"), int)
-        ),
-        None,
-    )
-    if counted is not None:
-        prompt_tokens = counted["prompt_tokens"]
-        completion_tokens = counted["completion_tokens"]
-    else:
-        prompt_tokens = len(prompt.split())
-        completion_tokens = len(text.split())
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
+def _modalities(body: ChatCompletionRequest) -> list[str]:
+    modalities = body.modalities or ["text"]
+    if "audio" in modalities and (body.n or 1) > 1:
+        raise VLLMValidationError(
+            "n > 1 is not supported with audio output", parameter="n"
+        )
+    if body.audio is not None and "audio" not in modalities:
+        raise VLLMValidationError(
+            'audio options need "audio" in modalities', parameter="audio"
+        )
+    return modalities
 
 
 def _audio_object(output: OmniRequestOutput, completion_id: str) -> dict[str, Any]:
@@ -148,6 +163,10 @@ def _audio_object(output: OmniRequestOutput, completion_id: str) -> dict[str, An
         "transcript": output.text,
         "expires_at": int(time.time()) + 3600,
     }
+
+
+def _logprobs(logprobs: Any) -> dict[str, Any] | None:
+    return None if logprobs is None else {"content": logprobs}
 
 
 @router.post(
@@ -166,101 +185,117 @@ async def create_chat_completion(
     engine = engine_of(request)
     await engine.check_health()
     check_model(engine, body.model)
-    prompt = _prompt(body)
+    stage = text_stage(engine)
+    raw = await request.json()
+    prompt = _prompt(raw.get("messages") or [], stage)
     check_prompt(request, prompt, "messages")
-    modalities = body.modalities or ["text"]
+    check_request(request, "chat", body, stage)
+    modalities = _modalities(body)
     request_id = request_id_of(request)
     completion_id = f"chatcmpl-{request_id}"
     stream = engine.generate(
-        prompt, request_id=request_id, modalities=modalities, params=_params(body)
+        prompt,
+        request_id=request_id,
+        modalities=modalities,
+        params=_params(body, raw, stage),
     )
     if body.stream:
-        return await _stream(request, stream, completion_id, engine.model_name)
+        return await _stream(
+            request, stream, body, prompt, completion_id, engine.model_name
+        )
 
     async with contextlib.aclosing(stream) as outputs:
         final: OmniRequestOutput | None = None
         async for output in outputs:
             final = output
-    text = final.text if final else ""
-    message: dict[str, Any] = {"role": "assistant", "content": text}
-    if final is not None and final.audio is not None:
-        message["audio"] = _audio_object(final, completion_id)
+    choices = (final.choices if final else None) or [TextChoice(index=0)]
+    response_choices = []
+    for choice in choices:
+        message: dict[str, Any] = {"role": "assistant", "content": choice.text}
+        if choice.index == 0 and final is not None and final.audio is not None:
+            message["audio"] = _audio_object(final, completion_id)
+        response_choices.append(
+            {
+                "index": choice.index,
+                "message": message,
+                "logprobs": _logprobs(choice.logprobs),
+                "finish_reason": choice.finish_reason
+                or (final.finish_reason if final else None)
+                or "stop",
+            }
+        )
     return {
         "id": completion_id,
         "object": "chat.completion",
         "created": int(time.time()),
         "model": engine.model_name,
-        "choices": [
-            {
-                "index": 0,
-                "message": message,
-                "finish_reason": (final.finish_reason if final else None) or "stop",
-            }
-        ],
-        "usage": _usage(prompt, text, final),
+        "choices": response_choices,
+        "usage": usage(final, prompt, choices),
     }
-
-
-def _chunk(
-    completion_id: str, model: str, delta: dict[str, Any], finish: str | None
-) -> bytes:
-    chunk = {
-        "id": completion_id,
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-    }
-    return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
-
-
-def _delta(
-    output: OmniRequestOutput, first: bool, completion_id: str
-) -> dict[str, Any]:
-    delta: dict[str, Any] = {"role": "assistant"} if first else {}
-    if output.text_delta:
-        delta["content"] = output.text_delta
-    if output.finished and output.audio is not None:
-        delta["audio"] = _audio_object(output, completion_id)
-    return delta
 
 
 async def _stream(
     request: Request,
-    stream: AsyncIterator[OmniRequestOutput],
+    stream: Any,
+    body: ChatCompletionRequest,
+    prompt: str,
     completion_id: str,
     model: str,
 ) -> StreamingResponse:
-    # The first output is awaited here, before any byte is sent: a failure so
-    # far propagates to the error boundary as an ordinary HTTP error.
-    try:
-        first = await anext(stream)
-    except StopAsyncIteration:
-        first = None
-    except BaseException:
-        await stream.aclose()  # type: ignore[attr-defined]
-        raise
+    started: set[int] = set()
+    finished: set[int] = set()
+    wants_audio = "audio" in (body.modalities or ())
 
-    async def body() -> AsyncIterator[bytes]:
-        try:
-            if first is not None:
-                finish = first.finish_reason if first.finished else None
-                yield _chunk(
-                    completion_id, model, _delta(first, True, completion_id), finish
-                )
-                async for output in stream:
-                    finish = output.finish_reason if output.finished else None
-                    delta = _delta(output, False, completion_id)
-                    if delta or finish:
-                        yield _chunk(completion_id, model, delta, finish)
-                    # Queued outputs never suspend: without this checkpoint a
-                    # client that hung up is noticed only after the whole
-                    # stream went to a dead socket (and other requests wait).
-                    await asyncio.sleep(0)
-            yield b"data: [DONE]\n\n"
-        except Exception as exc:
-            yield sse_error_events(stream_error_details(request, exc))
-        finally:
-            await stream.aclose()  # type: ignore[attr-defined]
+    def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        return sse(
+            {
+                "id": completion_id,
+                "object": "chat.completion.chunk",
+                "created": int(time.time()),
+                "model": model,
+                "choices": choices,
+                **extra,
+            }
+        )
 
-    return StreamingResponse(body(), media_type="text/event-stream")
+    def choice(
+        index: int,
+        delta: dict[str, Any],
+        finish: str | None,
+        logprobs: Any = None,
+    ) -> dict[str, Any]:
+        if index not in started:
+            started.add(index)
+            delta = {"role": "assistant", **delta}
+        if finish is not None:
+            finished.add(index)
+        entry = {"index": index, "delta": delta, "finish_reason": finish}
+        if logprobs is not None:
+            entry["logprobs"] = {"content": logprobs}
+        return entry
+
+    def chunks(output: OmniRequestOutput) -> Iterable[bytes]:
+        if output.finished:
+            return
+        # With audio, choice 0 finishes in the last chunk, beside its audio.
+        finish = None if wants_audio else output.finish_reason
+        delta = {"content": output.text_delta} if output.text_delta else {}
+        if delta or finish or output.logprobs is not None:
+            yield chunk([choice(output.index, delta, finish, output.logprobs)])
+
+    def tail(final: OmniRequestOutput | None) -> Iterable[bytes]:
+        indices = [c.index for c in final.choices] if final else []
+        for index in indices or [0]:
+            if index in finished:
+                continue
+            delta: dict[str, Any] = {}
+            if index == 0 and final is not None and final.audio is not None:
+                delta["audio"] = _audio_object(final, completion_id)
+            reason = final.choices[index].finish_reason if indices else None
+            finish = reason or (final.finish_reason if final else None) or "stop"
+            yield chunk([choice(index, delta, finish)])
+        options = body.stream_options
+        if options is not None and options.include_usage:
+            yield chunk([], usage=usage(final, prompt, final.choices if final else []))
+
+    return await stream_chunks(request, stream, chunks, tail)

@@ -1,0 +1,361 @@
+"""Honoured or refused: every field of each route's OpenAI request (DESIGN §10).
+
+Owns the table that says, for each field a route's request model defines,
+who honours it: the route itself (``ROUTE``, whatever the pipeline), the
+stage kinds listed (the stage that owns the route's work: the text stage of
+chat and completions, the talker of speech, the image stage of images), or
+nobody. ``check_fields`` raises a 400 ``VLLMValidationError`` naming
+(``parameter``) the first field a request sets to anything but its default
+that the owning stage does not honour, with the reason. A 200 therefore
+means every field the client set took effect.
+
+A field the table does not list is refused: an upstream release that adds a
+request field is refused until someone decides how it is honoured. Fields
+outside the API (vendor extras) are accepted and listed once in a log line,
+as vLLM's ``OpenAIBaseModel`` does (``log_ignored``).
+
+``markdown`` renders the table for ``docs/serving.md``; a test keeps the two
+equal. This module must not import vLLM: the request models live in the
+route modules, which hand their instances (or, for form and event routes,
+plain mappings) to ``check_fields``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from vllm_omni.errors import VLLMValidationError
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from vllm_omni.config import StageConfig
+
+__all__ = [
+    "ROUTE",
+    "ROUTES",
+    "FieldRule",
+    "check_fields",
+    "log_ignored",
+    "markdown",
+]
+
+logger = logging.getLogger("vllm_omni.server")
+
+ROUTE = "route"
+_TEXT = frozenset({"text", "vllm"})
+_VLLM = frozenset({"vllm"})
+_NOBODY: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class FieldRule:
+    """Who honours a field, how (or why nobody does), and values refused even
+    where it is honoured (``refuse`` returns the reason, or ``None``)."""
+
+    honoured_by: frozenset[str]
+    how: str
+    refuse: Callable[[Any], str | None] | None = None
+
+
+def _rule(
+    by: Iterable[str], how: str, refuse: Callable[[Any], str | None] | None = None
+) -> FieldRule:
+    return FieldRule(frozenset(by), how, refuse)
+
+
+def _tool_choice(value: Any) -> str | None:
+    if value in (None, "none"):
+        return None
+    return "tool calls need a tool parser, which this server does not run"
+
+
+def _stream_options(value: Any) -> str | None:
+    continuous = (
+        value.get("continuous_usage_stats")
+        if isinstance(value, Mapping)
+        else getattr(value, "continuous_usage_stats", None)
+    )
+    if continuous:
+        return "continuous_usage_stats is not supported; use include_usage"
+    return None
+
+
+def _single_prompt(value: Any) -> str | None:
+    if isinstance(value, str):
+        return None
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
+        return None
+    return "prompt must be one string (batched and token-id prompts are not supported)"
+
+
+# Sampling and rendering fields a ``vllm`` stage hands to upstream unchanged:
+# upstream's ``to_sampling_params`` / renderer apply them, and validate them
+# with their own ``parameter``.
+_UPSTREAM_SAMPLING = {
+    "frequency_penalty": "SamplingParams.frequency_penalty",
+    "presence_penalty": "SamplingParams.presence_penalty",
+    "repetition_penalty": "SamplingParams.repetition_penalty",
+    "top_p": "SamplingParams.top_p",
+    "top_k": "SamplingParams.top_k",
+    "min_p": "SamplingParams.min_p",
+    "stop_token_ids": "SamplingParams.stop_token_ids",
+    "min_tokens": "SamplingParams.min_tokens",
+    "ignore_eos": "SamplingParams.ignore_eos",
+    "logit_bias": "SamplingParams.logit_bias",
+    "allowed_token_ids": "SamplingParams.allowed_token_ids",
+    "bad_words": "SamplingParams.bad_words",
+    "include_stop_str_in_output": "SamplingParams.include_stop_str_in_output",
+    "skip_special_tokens": "SamplingParams.skip_special_tokens",
+    "spaces_between_special_tokens": "SamplingParams.spaces_between_special_tokens",
+    "response_format": "structured outputs (json_object, json_schema, ...)",
+    "structured_outputs": "structured outputs",
+    "watermarking": "SamplingParams.watermarking",
+    "repetition_detection": "SamplingParams.repetition_detection",
+    "vllm_xargs": "SamplingParams.extra_args",
+    "stream_interval": "the engine's streaming interval",
+    "truncate_prompt_tokens": "upstream's tokenizer parameters",
+    "truncation_side": "upstream's tokenizer parameters",
+    "add_special_tokens": "upstream's tokenizer parameters",
+    "priority": "the engine's scheduler (needs --scheduling-policy priority)",
+    "cache_salt": "the engine's prefix cache",
+    "mm_processor_kwargs": "upstream's renderer",
+    "media_io_kwargs": "upstream's renderer",
+}
+
+# Fields of upstream's models that no stage honours, and why.
+_REFUSED = {
+    "use_beam_search": "beam search is not supported",
+    "length_penalty": "length_penalty applies to beam search, which is not supported",
+    "echo": "echo is not supported",
+    "prompt_logprobs": "prompt logprobs are not supported",
+    "logprob_token_ids": "logprobs of chosen token ids are not supported",
+    "return_tokens_as_token_ids": "token-id output is not supported",
+    "return_token_ids": "token-id output is not supported",
+    "return_token_offsets": "token offsets are not supported",
+    "return_prompt_text": "the prompt text is not returned",
+    "return_weight_versions": "weight versions are not returned",
+    "return_mm_kwargs": "multimodal kwargs are not returned",
+    "mm_payload": "multimodal payloads are not returned",
+    "kv_transfer_params": "disaggregated prefill is not supported",
+    "ec_transfer_params": "disaggregated encoding is not supported",
+    "session_id": "sessions are not supported",
+    "routed_experts_prompt_start": "expert routing output is not supported",
+    "request_id": "set the request id with the X-Request-Id header",
+    "reasoning_effort": "reasoning needs a reasoning parser, which this server "
+    "does not run",
+    "thinking_token_budget": "reasoning needs a reasoning parser, which this "
+    "server does not run",
+    "prompt_embeds": "prompt embeddings are not supported",
+    "chat_template": "a request's own chat template is not trusted",
+}
+
+_GENERATE_COMMON: dict[str, FieldRule] = {
+    "model": _rule([ROUTE], "checked against the served model (404 otherwise)"),
+    "stream": _rule([ROUTE], "SSE stream"),
+    "stream_options": _rule(
+        [ROUTE], "include_usage: a last chunk with usage", _stream_options
+    ),
+    "user": _rule([ROUTE], "an end-user id for the operator; no effect on output"),
+    "max_tokens": _rule(_TEXT, "the length limit"),
+    "temperature": _rule(_TEXT, "sampling temperature"),
+    "seed": _rule(_TEXT, "sampling seed"),
+    "stop": _rule(_TEXT, "the text ends before the first stop string"),
+    "n": _rule(_TEXT, "n choices (streamed with their index)"),
+    "logprobs": _rule(_VLLM, "per-token logprobs, OpenAI shape"),
+    **{name: _rule(_VLLM, how) for name, how in _UPSTREAM_SAMPLING.items()},
+    **{name: _rule(_NOBODY, why) for name, why in _REFUSED.items()},
+}
+
+CHAT: dict[str, FieldRule] = {
+    **_GENERATE_COMMON,
+    "messages": _rule(
+        [ROUTE],
+        "text parts; a vllm stage renders them with the model's chat template",
+    ),
+    "max_completion_tokens": _rule(_TEXT, "the length limit (over max_tokens)"),
+    "top_logprobs": _rule(_VLLM, "top logprobs per token, OpenAI shape"),
+    "tools": _rule(_VLLM, "rendered into the chat template (tool_choice none)"),
+    "tool_choice": _rule(_VLLM, "only none: no tool parser runs", _tool_choice),
+    "parallel_tool_calls": _rule(_VLLM, "no effect without tool calls"),
+    "include_reasoning": _rule(
+        _VLLM, "no reasoning parser runs, so no reasoning is ever included"
+    ),
+    "add_generation_prompt": _rule(_VLLM, "chat template"),
+    "continue_final_message": _rule(_VLLM, "chat template"),
+    "documents": _rule(_VLLM, "chat template"),
+    "chat_template_kwargs": _rule(_VLLM, "chat template"),
+    "modalities": _rule([ROUTE], 'text, or text and audio ("audio" needs a talker)'),
+    "audio": _rule([ROUTE], "voice for the talker stage; format wav"),
+    "lora": _rule(_VLLM, "a LoRA adapter by name (vLLM-Omni extension)"),
+}
+
+COMPLETIONS: dict[str, FieldRule] = {
+    **_GENERATE_COMMON,
+    "prompt": _rule([ROUTE], "one string", _single_prompt),
+    "suffix": _rule(_VLLM, "fill-in-the-middle, where the model renders it"),
+    "lora": _rule(_VLLM, "a LoRA adapter by name (vLLM-Omni extension)"),
+}
+
+SPEECH: dict[str, FieldRule] = {
+    "model": _rule([ROUTE], "checked against the served model (404 otherwise)"),
+    "input": _rule([ROUTE], "the text to speak"),
+    "voice": _rule({"talker"}, "one of GET /v1/audio/voices (404 otherwise)"),
+    "response_format": _rule([ROUTE], "wav only"),
+    "speed": _rule({"talker"}, "0.25 to 4"),
+    "instructions": _rule(_NOBODY, "voice instructions are not supported"),
+    "stream_format": _rule(_NOBODY, "only whole audio (stream_format audio)"),
+}
+
+_IMAGES_COMMON: dict[str, FieldRule] = {
+    "model": _rule([ROUTE], "checked against the served model (404 otherwise)"),
+    "prompt": _rule([ROUTE], "the image prompt"),
+    "n": _rule({"image"}, "1 to 10 images"),
+    "size": _rule({"image"}, "WxH, sides 64 to 1024, multiples of 8"),
+    "response_format": _rule([ROUTE], "b64_json only"),
+    "user": _rule([ROUTE], "an end-user id for the operator; no effect on output"),
+    "quality": _rule(_NOBODY, "quality levels are not supported"),
+    "background": _rule(_NOBODY, "background control is not supported"),
+    "output_format": _rule(_NOBODY, "the output is PNG"),
+    "output_compression": _rule(_NOBODY, "the output is PNG"),
+    "stream": _rule(_NOBODY, "image streaming is not supported"),
+    "partial_images": _rule(_NOBODY, "image streaming is not supported"),
+}
+
+IMAGE_GENERATIONS: dict[str, FieldRule] = {
+    **_IMAGES_COMMON,
+    "seed": _rule({"image"}, "seed (vLLM-Omni extension)"),
+    "style": _rule(_NOBODY, "styles are not supported"),
+    "moderation": _rule(_NOBODY, "moderation levels are not supported"),
+}
+
+IMAGE_EDITS: dict[str, FieldRule] = {
+    **_IMAGES_COMMON,
+    "image": _rule({"image"}, "the image to edit (PNG, JPEG, GIF, WebP)"),
+    "mask": _rule(_NOBODY, "masks are not supported"),
+    "input_fidelity": _rule(_NOBODY, "input fidelity is not supported"),
+}
+
+VIDEOS: dict[str, FieldRule] = {
+    "model": _rule([ROUTE], "checked against the served model (404 otherwise)"),
+    "prompt": _rule([ROUTE], "the video prompt"),
+    "seconds": _rule({"video"}, "0.1 to 10 s"),
+    "size": _rule({"video"}, "WxH, sides 64 to 512, multiples of 8"),
+}
+
+REALTIME_RESPONSE: dict[str, FieldRule] = {
+    "instructions": _rule([ROUTE], "the prompt"),
+    "modalities": _rule([ROUTE], '["text"] or ["text", "audio"]'),
+    "max_tokens": _rule(_TEXT, "the length limit"),
+    "max_response_output_tokens": _rule(_NOBODY, "use max_tokens"),
+    "temperature": _rule(_TEXT, "sampling temperature"),
+    "voice": _rule({"talker"}, "the talker's voice"),
+    "output_audio_format": _rule(_NOBODY, "audio is a WAV"),
+    "tools": _rule(_NOBODY, "tool calls are not supported"),
+    "tool_choice": _rule(_NOBODY, "tool calls are not supported"),
+    "conversation": _rule(_NOBODY, "conversations are not supported"),
+    "input": _rule(_NOBODY, "conversation items are not supported"),
+    "metadata": _rule(_NOBODY, "metadata is not stored"),
+}
+
+# Route → (its request's table, the operation it documents).
+ROUTES: dict[str, tuple[dict[str, FieldRule], str]] = {
+    "chat": (CHAT, "POST /v1/chat/completions"),
+    "completions": (COMPLETIONS, "POST /v1/completions"),
+    "speech": (SPEECH, "POST /v1/audio/speech"),
+    "image_generations": (IMAGE_GENERATIONS, "POST /v1/images/generations"),
+    "image_edits": (IMAGE_EDITS, "POST /v1/images/edits"),
+    "videos": (VIDEOS, "POST /v1/videos"),
+    "realtime": (REALTIME_RESPONSE, "WS /v1/realtime, response.create"),
+}
+
+
+def _set_fields(request: BaseModel | Mapping[str, Any]) -> Iterable[tuple[str, Any]]:
+    """(name, value) of every field the client set to something but its default."""
+    if isinstance(request, Mapping):
+        yield from ((k, v) for k, v in request.items() if v is not None)
+        return
+    fields = type(request).model_fields
+    for name in sorted(request.model_fields_set):
+        field = fields.get(name)
+        if field is None:
+            continue
+        value = getattr(request, name)
+        if value is None or (
+            not field.is_required()
+            and value == field.get_default(call_default_factory=True)
+        ):
+            continue
+        yield name, value
+
+
+def check_fields(
+    route: str,
+    request: BaseModel | Mapping[str, Any],
+    stage: StageConfig | None,
+    *,
+    prefix: str = "",
+    known_only: bool = False,
+) -> None:
+    """Refuse (400, ``parameter`` = the field) the first field ``request`` sets
+    that ``stage`` (the stage owning the route's work) does not honour.
+
+    ``request`` is the route's validated request model, or for form and
+    event routes a mapping of the fields given. With ``known_only``, names
+    the table does not list are vendor extras (a mapping has no model to
+    tell them apart); otherwise a name the table does not list is refused.
+    """
+    table = ROUTES[route][0]
+    for name, value in _set_fields(request):
+        rule = table.get(name)
+        if rule is None:
+            if known_only:
+                continue
+            reason = "it is not supported by this server"
+        elif ROUTE in rule.honoured_by or (
+            stage is not None and stage.kind in rule.honoured_by
+        ):
+            reason = rule.refuse(value) if rule.refuse is not None else None
+            if reason is None:
+                continue
+        elif rule.honoured_by and stage is not None:
+            reason = f"it is not supported by stage {stage.id} ({stage.name})"
+        else:
+            reason = rule.how
+        raise VLLMValidationError(
+            f"{prefix}{name} cannot be honoured: {reason}.",
+            parameter=f"{prefix}{name}",
+        )
+
+
+def log_ignored(request_id: str, names: Iterable[str]) -> None:
+    """One log line listing the vendor extras a request carried (accepted,
+    without effect), as vLLM's ``OpenAIBaseModel`` does."""
+    extras = sorted(str(name)[:64] for name in names)
+    if extras:
+        logger.info(
+            "request %s: fields present in the request but ignored: %s",
+            request_id,
+            ", ".join(repr(name) for name in extras[:20]),
+        )
+
+
+def _who(rule: FieldRule, kinds: tuple[str, ...]) -> str:
+    if ROUTE in rule.honoured_by:
+        return "honoured"
+    honoured = [kind for kind in kinds if kind in rule.honoured_by]
+    return ", ".join(f"`{kind}`" for kind in honoured) if honoured else "refused"
+
+
+def markdown(route: str, kinds: tuple[str, ...]) -> list[str]:
+    """The table of ``route`` for the docs: field, honoured by, how or why."""
+    table, _ = ROUTES[route]
+    lines = ["| field | honoured by | how / why not |", "| --- | --- | --- |"]
+    for name in sorted(table):
+        rule = table[name]
+        extra = " (some values refused)" if rule.refuse is not None else ""
+        lines.append(f"| `{name}` | {_who(rule, kinds)}{extra} | {rule.how} |")
+    return lines
