@@ -29,6 +29,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from tests.e2e.omni_server import REFERENCE_STAGES, OmniServer
 from tests.e2e.servers import metric_samples, sample_delta, serve_in_thread
+from vllm_omni.config import StageConfig
 from vllm_omni.outputs import OmniRequestOutput
 
 GENERIC = "The server had an error while processing your request."
@@ -336,6 +337,9 @@ class _AheadEngine:
 
     async def check_health(self) -> None:
         return None
+
+    def stage_for(self, modality: str) -> StageConfig | None:
+        return StageConfig(1, "thinker", "text") if modality == "text" else None
 
     async def generate(
         self, prompt: str, *, request_id: str, modalities: Any, params: Any

@@ -179,7 +179,7 @@ ERRORS: dict[
         openai.NotFoundError,
         404,
         "NotFoundError",
-        None,
+        "model",
         None,
         "The model `nope` does not exist.",
     ),

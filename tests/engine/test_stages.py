@@ -36,7 +36,7 @@ async def run(
 async def test_text_streams_one_chunk_per_token() -> None:
     chunks = await run("text", "hello there", max_tokens=3)
     assert [c.text for c in chunks] == ["You", " said:", " hello"]
-    assert chunks[-1].meta == {"finish_reason": "length"}
+    assert chunks[-1].finish_reason == "length"
     tokens, reason = reference_tokens(
         "hello there", TextParams(temperature=1.0, seed=7)
     )

@@ -89,6 +89,7 @@ class FakeAsyncLLM:
         sampling_params: Any,
         request_id: str,
         lora_request: Any = None,
+        priority: int = 0,
     ) -> AsyncIterator[Any]:
         self.sampling_params = sampling_params
         self.lora_requests.append(lora_request)
@@ -147,12 +148,9 @@ async def test_streams_deltas_and_builds_the_engine_lazily() -> None:
     chunks, error = await run_like_the_worker(stage, {"max_tokens": 5, "seed": 1})
     assert error is None
     assert [c.text for c in chunks] == ["Hel", "lo"]
-    # The last chunk carries the engine's token counts, for the usage.
-    assert chunks[-1].meta == {
-        "finish_reason": "stop",
-        "prompt_tokens": 1,
-        "completion_tokens": 2,
-    }
+    # The last chunk carries its finish reason and the engine's token counts.
+    assert chunks[-1].finish_reason == "stop"
+    assert chunks[-1].meta == {"prompt_tokens": 1, "completion_tokens": 2}
     sampling = built[0].sampling_params
     assert (sampling.max_tokens, sampling.seed) == (5, 1)
     await stage.shutdown()

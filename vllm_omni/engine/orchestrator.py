@@ -839,8 +839,8 @@ class Orchestrator:
         bad = "params" if not isinstance(params, Mapping) else _bad_param(params, "")
         if bad is not None:
             raise VLLMValidationError(
-                "params must map names to plain values (str, 64-bit int, number, "
-                "bool, bytes, lists and mappings of them)",
+                f"{bad or 'params'} must be a plain value: a string, a 64-bit "
+                "integer, a number, a bool, bytes, or lists and mappings of them",
                 parameter=bad or "params",
             )
         readable = _read_by(tuple(stage.kind for stage in route))

@@ -113,7 +113,14 @@ STATUS_TABLE: tuple[StatusRow, ...] = (
         "UnprocessableEntityError",
         parameter_attr="parameter",
     ),
-    StatusRow(VLLMNotFoundError, "client", 404, "NotFoundError"),
+    # A not-found request field (``model``) is named, as upstream's 404 does.
+    StatusRow(
+        VLLMNotFoundError,
+        "client",
+        404,
+        "NotFoundError",
+        parameter_attr="parameter",
+    ),
     StatusRow(VLLMClientError, "client", 400, "BadRequestError"),
     # -- client (Omni) --------------------------------------------------------
     _omni(GuardrailViolationError, "client", parameter_attr="parameter"),

@@ -33,7 +33,9 @@ STAGE_KINDS: dict[str, str] = {
 # never dropped. A ``vllm`` stage also reads every keyword of upstream's
 # ``SamplingParams`` (``stage_params`` adds them, importing vLLM only then).
 STAGE_PARAMS: dict[str, frozenset[str]] = {
-    "text": frozenset({"max_tokens", "temperature", "seed", "stop", "n"}),
+    "text": frozenset(
+        {"max_tokens", "max_completion_tokens", "temperature", "seed", "stop", "n"}
+    ),
     "talker": frozenset({"voice", "speed"}),
     "vocoder": frozenset(),
     "image": frozenset(

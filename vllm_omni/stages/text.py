@@ -45,8 +45,15 @@ class TextParams:
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> TextParams:
         return cls(
+            # max_completion_tokens (chat) supersedes the deprecated max_tokens.
             max_tokens=bounded_int(
-                params, "max_tokens", DEFAULT_MAX_TOKENS, 1, MAX_TOKENS_LIMIT
+                params,
+                "max_completion_tokens"
+                if params.get("max_completion_tokens") is not None
+                else "max_tokens",
+                DEFAULT_MAX_TOKENS,
+                1,
+                MAX_TOKENS_LIMIT,
             )
             or DEFAULT_MAX_TOKENS,
             temperature=bounded_float(params, "temperature", 0.0, 0.0, 2.0),

@@ -50,6 +50,7 @@ _ROUTERS = (
     "vllm_omni.entrypoints.openai.routes.health",
     "vllm_omni.entrypoints.openai.routes.models",
     "vllm_omni.entrypoints.openai.routes.chat",
+    "vllm_omni.entrypoints.openai.routes.completions",
     "vllm_omni.entrypoints.openai.routes.audio",
     "vllm_omni.entrypoints.openai.routes.images",
     "vllm_omni.entrypoints.openai.routes.videos",

@@ -23,7 +23,7 @@ plain mappings) to ``check_fields``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -295,13 +295,14 @@ def _set_fields(request: BaseModel | Mapping[str, Any]) -> Iterable[tuple[str, A
 def check_fields(
     route: str,
     request: BaseModel | Mapping[str, Any],
-    stage: StageConfig | None,
+    stages: Sequence[StageConfig],
     *,
     prefix: str = "",
     known_only: bool = False,
 ) -> None:
     """Refuse (400, ``parameter`` = the field) the first field ``request`` sets
-    that ``stage`` (the stage owning the route's work) does not honour.
+    that none of ``stages`` (the stages doing the route's work, the owner
+    first) honours.
 
     ``request`` is the route's validated request model, or for form and
     event routes a mapping of the fields given. With ``known_only``, names
@@ -309,20 +310,20 @@ def check_fields(
     tell them apart); otherwise a name the table does not list is refused.
     """
     table = ROUTES[route][0]
+    kinds = {stage.kind for stage in stages}
     for name, value in _set_fields(request):
         rule = table.get(name)
         if rule is None:
             if known_only:
                 continue
             reason = "it is not supported by this server"
-        elif ROUTE in rule.honoured_by or (
-            stage is not None and stage.kind in rule.honoured_by
-        ):
+        elif ROUTE in rule.honoured_by or kinds & rule.honoured_by:
             reason = rule.refuse(value) if rule.refuse is not None else None
             if reason is None:
                 continue
-        elif rule.honoured_by and stage is not None:
-            reason = f"it is not supported by stage {stage.id} ({stage.name})"
+        elif rule.honoured_by and stages:
+            owner = stages[0]
+            reason = f"it is not supported by stage {owner.id} ({owner.name})"
         else:
             reason = rule.how
         raise VLLMValidationError(

@@ -11,9 +11,10 @@ import contextlib
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
+from vllm_omni.entrypoints.openai.fields import check_fields, log_ignored
 from vllm_omni.entrypoints.openai.routes.common import (
     check_model,
     engine_of,
@@ -28,11 +29,18 @@ router = APIRouter()
 
 
 class SpeechRequest(BaseModel):
+    """OpenAI's speech request; every field is honoured or refused
+    (``fields.py``), other fields are vendor extras (accepted, logged)."""
+
+    model_config = ConfigDict(extra="allow")
+
     model: str | None = None
     input: str = Field(min_length=1, max_length=4096)
     voice: str = "alloy"
     response_format: Literal["wav"] = "wav"
     speed: float | None = None
+    instructions: str | None = None
+    stream_format: Literal["sse", "audio"] = "audio"
 
 
 @router.post(
@@ -45,6 +53,9 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
     await engine.check_health()
     check_model(engine, body.model)
     require_modality(engine, "audio")
+    talker = engine.stage_for("audio")
+    check_fields("speech", body, [talker] if talker else [])
+    log_ignored(request_id_of(request), (body.model_extra or {}).keys())
     params: dict[str, Any] = {"voice": body.voice}
     if body.speed is not None:
         params["speed"] = body.speed

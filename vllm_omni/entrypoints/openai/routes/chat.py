@@ -76,7 +76,7 @@ class ChatCompletionRequest(UpstreamChatCompletionRequest):
     lora: str | None = None
 
 
-def _prompt(messages: list[Any], stage: StageConfig) -> str:
+def _prompt(messages: list[Any], stage: StageConfig | None) -> str:
     """The messages' text (what the guardrail and the reference stage read).
 
     A role outside the OpenAI API is a 400 on that role; a content part that
@@ -97,10 +97,12 @@ def _prompt(messages: list[Any], stage: StageConfig) -> str:
         for j, part in enumerate(content if isinstance(content, list) else ()):
             if isinstance(part, dict) and part.get("type") == "text":
                 parts.append(str(part.get("text") or ""))
-            elif stage.kind != "vllm":
+            elif stage is None or stage.kind != "vllm":
+                where = (
+                    "here" if stage is None else f"by stage {stage.id} ({stage.name})"
+                )
                 raise VLLMValidationError(
-                    f"non-text content is not supported by stage {stage.id} "
-                    f"({stage.name})",
+                    f"non-text content is not supported {where}",
                     parameter=f"messages[{i}].content[{j}]",
                 )
     prompt = "\n".join(p for p in parts if p)
@@ -123,14 +125,10 @@ def _params(
         if body.lora is not None:
             params["lora"] = body.lora
     else:
-        # max_completion_tokens supersedes the deprecated max_tokens.
-        max_tokens = (
-            body.max_completion_tokens
-            if body.max_completion_tokens is not None
-            else body.max_tokens
-        )
+        # Each under its own name, so the stage's 400 names the one given.
         for name, value in (
-            ("max_tokens", max_tokens),
+            ("max_tokens", body.max_tokens),
+            ("max_completion_tokens", body.max_completion_tokens),
             ("temperature", body.temperature),
             ("seed", body.seed),
             ("stop", body.stop or None),
@@ -185,10 +183,10 @@ async def create_chat_completion(
     engine = engine_of(request)
     await engine.check_health()
     check_model(engine, body.model)
-    stage = text_stage(engine)
     raw = await request.json()
-    prompt = _prompt(raw.get("messages") or [], stage)
+    prompt = _prompt(raw.get("messages") or [], engine.stage_for("text"))
     check_prompt(request, prompt, "messages")
+    stage = text_stage(engine)
     check_request(request, "chat", body, stage)
     modalities = _modalities(body)
     request_id = request_id_of(request)

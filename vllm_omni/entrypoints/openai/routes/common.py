@@ -61,9 +61,12 @@ def require_modality(engine: AsyncOmni, modality: str) -> None:
 
 
 def check_model(engine: AsyncOmni, model: str | None) -> None:
-    """404 for a model name this server does not serve (as vLLM answers)."""
+    """404 on ``model`` for a model name this server does not serve (as vLLM
+    answers)."""
     if model is not None and model != engine.model_name:
-        raise VLLMNotFoundError(f"The model `{model}` does not exist.")
+        error = VLLMNotFoundError(f"The model `{model}` does not exist.")
+        error.parameter = "model"  # type: ignore[attr-defined]
+        raise error
 
 
 def limits_of(conn: HTTPConnection) -> RequestLimits:

@@ -54,7 +54,7 @@ def check_request(
     request: Request, route: str, body: BaseModel, stage: StageConfig
 ) -> None:
     """Refuse the fields ``stage`` does not honour; log the vendor extras."""
-    check_fields(route, body, stage)
+    check_fields(route, body, [stage])
     log_ignored(request_id_of(request), (body.model_extra or {}).keys())
 
 

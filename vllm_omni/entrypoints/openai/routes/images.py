@@ -14,12 +14,14 @@ from __future__ import annotations
 import base64
 import contextlib
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Form, Request, UploadFile
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
+from vllm_omni.config import StageConfig
 from vllm_omni.entrypoints.async_omni import AsyncOmni
+from vllm_omni.entrypoints.openai.fields import check_fields, log_ignored
 from vllm_omni.entrypoints.openai.routes.common import (
     INT64_MAX,
     Int64,
@@ -38,14 +40,34 @@ __all__ = ["router"]
 
 router = APIRouter()
 
+# The OpenAI API's domains: a value outside one is a 400 naming the field.
+Quality = Literal["standard", "hd", "low", "medium", "high", "auto"]
+Background = Literal["transparent", "opaque", "auto"]
+OutputFormat = Literal["png", "jpeg", "webp"]
+
 
 class ImageGenerationRequest(BaseModel):
+    """OpenAI's image generation request; every field is honoured or refused
+    (``fields.py``), values outside the API's domain are a 400 naming the
+    field, other fields are vendor extras (accepted, logged)."""
+
+    model_config = ConfigDict(extra="allow")
+
     prompt: str
     model: str | None = None
     n: PositiveInt64 = 1
     size: str = "256x256"
     seed: Int64 | None = None
     response_format: Literal["b64_json"] = "b64_json"
+    user: str | None = None
+    quality: Quality = "auto"
+    style: Literal["vivid", "natural"] | None = None
+    background: Background = "auto"
+    moderation: Literal["low", "auto"] = "auto"
+    output_format: OutputFormat = "png"
+    output_compression: int | None = Field(default=None, ge=0, le=100)
+    stream: bool = False
+    partial_images: int | None = Field(default=None, ge=0, le=3)
 
 
 async def _images(
@@ -66,6 +88,11 @@ async def _images(
     }
 
 
+def _image_stages(engine: AsyncOmni) -> list[StageConfig]:
+    stage = engine.stage_for("image")
+    return [stage] if stage is not None else []
+
+
 @router.post("/v1/images/generations")
 async def generate_images(
     body: ImageGenerationRequest, request: Request
@@ -75,6 +102,8 @@ async def generate_images(
     check_model(engine, body.model)
     require_modality(engine, "image")
     check_prompt(request, body.prompt, "prompt")
+    check_fields("image_generations", body, _image_stages(engine))
+    log_ignored(request_id_of(request), (body.model_extra or {}).keys())
     params: dict[str, Any] = {"n": body.n, "size": body.size}
     if body.seed is not None:
         params["seed"] = body.seed
@@ -89,12 +118,33 @@ async def edit_images(
     model: str | None = Form(None),
     n: int = Form(1, ge=1, le=INT64_MAX),
     size: str = Form("256x256"),
+    response_format: Literal["b64_json"] = Form("b64_json"),
+    user: str | None = Form(None),
+    quality: Annotated[Quality, Form()] = "auto",
+    background: Annotated[Background, Form()] = "auto",
+    output_format: Annotated[OutputFormat, Form()] = "png",
+    output_compression: int | None = Form(None, ge=0, le=100),
+    input_fidelity: Literal["high", "low"] | None = Form(None),
+    stream: bool = Form(False),
+    partial_images: int | None = Form(None, ge=0, le=3),
+    mask: UploadFile | None = None,
 ) -> dict[str, Any]:
     engine = engine_of(request)
     await engine.check_health()
     check_model(engine, model)
     require_modality(engine, "image")
     check_prompt(request, prompt, "prompt")
+    given = {
+        "quality": None if quality == "auto" else quality,
+        "background": None if background == "auto" else background,
+        "output_format": None if output_format == "png" else output_format,
+        "output_compression": output_compression,
+        "input_fidelity": input_fidelity,
+        "stream": stream or None,
+        "partial_images": partial_images,
+        "mask": mask,
+    }
+    check_fields("image_edits", given, _image_stages(engine), known_only=True)
     limits = limits_of(request)
     data = await image.read(limits.max_image_bytes + 1)
     if len(data) > limits.max_image_bytes:

@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
+from vllm_omni.entrypoints.openai.fields import check_fields
 from vllm_omni.entrypoints.openai.routes.common import (
     check_prompt,
     engine_of,
@@ -233,6 +234,14 @@ class _Session:
             event_id = _event_id(event)
             request = _response_create(event, event_id)
             check_prompt(self._ws, request.instructions, "response.instructions")
+            stages = [self._engine.stage_for(m) for m in request.modalities]
+            check_fields(
+                "realtime",
+                event["response"],
+                [stage for stage in stages if stage is not None],
+                prefix="response.",
+                known_only=True,
+            )
             return request
         except VLLMValidationError as exc:
             details = stream_error_details(self._ws, exc)
