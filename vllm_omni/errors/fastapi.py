@@ -50,7 +50,7 @@ import dataclasses
 import logging
 import os
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -584,6 +584,11 @@ def _validation_exception(exc: RequestValidationError) -> VLLMValidationError:
     errors = exc.errors()
     parameter: str | None = None
     parts: list[str] = []
+    # A value that matches no member of a union fails once per member
+    # (``stop.str``, ``stop.list[str]``): the field is what they share.
+    shared = _shared_location(errors) if len(errors) > 1 else []
+    if shared:
+        parameter = sanitize_parameter(".".join(shared))
     for error in errors[:_MAX_VALIDATION_ITEMS]:
         ctx_error = (error.get("ctx") or {}).get("error")
         if parameter is None and isinstance(ctx_error, VLLMValidationError):
@@ -599,6 +604,18 @@ def _validation_exception(exc: RequestValidationError) -> VLLMValidationError:
         parts.append(f"and {len(errors) - _MAX_VALIDATION_ITEMS} more")
     message = "Invalid request: " + "; ".join(parts) if parts else "Invalid request."
     return VLLMValidationError(message, parameter=parameter)
+
+
+def _shared_location(errors: Sequence[Any]) -> list[str]:
+    """The field whose union members all failed: every error's location is
+    that field plus one member name; otherwise nothing."""
+    locations = [
+        tuple(str(p) for p in error.get("loc", ()) if p != "body") for error in errors
+    ]
+    fields = {location[:-1] for location in locations}
+    if len(fields) != 1 or not all(len(location) >= 2 for location in locations):
+        return []
+    return list(next(iter(fields)))
 
 
 def _allowed_methods(request: Request) -> str | None:

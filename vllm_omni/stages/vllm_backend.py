@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, ClassVar, NoReturn
 
@@ -123,6 +123,27 @@ def _raise_error_response(response: Any) -> NoReturn:
     if error.code == HTTPStatus.NOT_FOUND:
         raise VLLMNotFoundError(error.message)
     raise GracefulHTTPError(error.message, HTTPStatus(error.code))
+
+
+# Structured-output fields: a grammar the engine refuses was given in one.
+_GRAMMAR_FIELDS = ("response_format", "structured_outputs")
+
+
+def _name_parameter(exc: VLLMValidationError, fields: set[str]) -> None:
+    """Name the request field an upstream ``VLLMValidationError`` is about
+    when upstream did not (``top_k must be 0 (disable), or at least 1``; a
+    grammar error of a ``response_format`` schema): its message starts with
+    a field the client set, or it is the engine refusing a grammar."""
+    if getattr(exc, "parameter", None) is not None or not exc.args:
+        return
+    message = str(exc.args[0])
+    first = message.split(" ", 1)[0].strip("`:")
+    if first in fields:
+        exc.parameter = first
+        return
+    grammar = next((name for name in _GRAMMAR_FIELDS if name in fields), None)
+    if grammar is not None and "grammar" in message.lower():
+        exc.parameter = grammar
 
 
 def _logprob_token(logprob: Any, token_id: int) -> str:
@@ -208,6 +229,8 @@ class _Inputs:
     api: str | None
     top: int | None
     priority: int
+    # The fields the client set, to name the one an upstream error is about.
+    fields: set[str] = field(default_factory=set)
 
 
 class VLLMStage(Stage):
@@ -300,9 +323,6 @@ class VLLMStage(Stage):
         """Engine input and ``SamplingParams`` of an OpenAI request, exactly as
         upstream's serving layer makes them: its request model, its renderer,
         its ``get_max_tokens`` and ``to_sampling_params``."""
-        from vllm.entrypoints.serve.engine.protocol import ErrorResponse
-        from vllm.entrypoints.serve.utils.api_utils import get_max_tokens
-
         api = openai.get("api")
         model_type = _REQUEST_MODELS.get(api) if isinstance(api, str) else None
         body = openai.get("request")
@@ -311,6 +331,17 @@ class VLLMStage(Stage):
         module, name = model_type.rsplit(":", 1)
         model = getattr(importlib.import_module(module), name)
         openai_request = model.model_validate_json(body)
+        fields = set(openai_request.model_fields_set)
+        try:
+            return await self._render(api, openai_request, fields)
+        except VLLMValidationError as exc:
+            _name_parameter(exc, fields)
+            raise
+
+    async def _render(self, api: str, openai_request: Any, fields: set[str]) -> _Inputs:
+        from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+        from vllm.entrypoints.serve.utils.api_utils import get_max_tokens
+
         renderer = self._online_renderer()
         if api == "chat":
             rendered = await renderer.render_chat(openai_request)
@@ -344,7 +375,9 @@ class VLLMStage(Stage):
             ),
             defaults,
         )
-        return _Inputs(engine_input, sampling, api, top, openai_request.priority)
+        return _Inputs(
+            engine_input, sampling, api, top, openai_request.priority, fields
+        )
 
     async def generate(self, request: Submit) -> AsyncIterator[Payload]:
         await self.start()
@@ -354,7 +387,14 @@ class VLLMStage(Stage):
             inputs = await self._openai_inputs(openai)
         else:
             sampling = _offline_sampling_params(request.params)
-            inputs = _Inputs(request.prompt, sampling, None, sampling.logprobs, 0)
+            inputs = _Inputs(
+                request.prompt,
+                sampling,
+                None,
+                sampling.logprobs,
+                0,
+                set(request.params),
+            )
         stream = self._engine.generate(
             inputs.prompt,
             inputs.sampling,
@@ -401,6 +441,11 @@ class VLLMStage(Stage):
                             finish_reason=completion.finish_reason,
                             logprobs=logprobs,
                         )
+        except VLLMValidationError as exc:
+            # The engine's input checks (a grammar it refuses, token ids
+            # outside the vocabulary) run when it takes the request.
+            _name_parameter(exc, inputs.fields)
+            raise
         finally:
             await stream.aclose()
 
