@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema
 import openai
 import pytest
+from transformers import AutoTokenizer
 
 from tests.e2e.omni_server import OmniServer, start_server
 from tests.e2e.servers import (
@@ -67,25 +69,152 @@ def error_of(exc: openai.APIStatusError) -> dict[str, Any]:
     return body["error"]  # type: ignore[no-any-return]
 
 
-def test_completion_and_stream(client: openai.OpenAI) -> None:
+def test_completion_and_stream(client: openai.OpenAI, tiny_model: Path) -> None:
     # ignore_eos: the random model may pick its EOS early on some CPUs.
-    full = {"max_tokens": 8, "extra_body": {"ignore_eos": True}}
+    # A seeded sample: repeatable, and greedy decoding of the random model
+    # repeats tokens that decode to nothing.
+    full = {"max_tokens": 8, "seed": 1, "extra_body": {"ignore_eos": True}}
     reply = chat(client, "hello world", **full)
     assert reply.choices[0].finish_reason == "length"
     # The engine's token counts, not words (the reply runs tokens together):
-    # 8 tokens generated; the prompt is the messages' text, "hello" and
-    # " world" in the tiny model's vocabulary.
+    # 8 tokens generated; the prompt is the messages rendered with the model's
+    # chat template, as upstream renders them.
+    prompt_tokens = len(
+        AutoTokenizer.from_pretrained(str(tiny_model)).apply_chat_template(
+            [{"role": "user", "content": "hello world"}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+        )["input_ids"]
+    )
     assert (
         reply.usage.prompt_tokens,
         reply.usage.completion_tokens,
         reply.usage.total_tokens,
-    ) == (2, 8, 10)
+    ) == (prompt_tokens, 8, prompt_tokens + 8)
     assert reply.choices[0].message.content
     chunks = list(chat(client, "hello world", stream=True, **full))
     text = "".join(c.choices[0].delta.content or "" for c in chunks)
-    # Greedy decoding: the stream is the same text as the plain completion.
+    # The same seed: the stream is the same text as the plain completion.
     assert text == reply.choices[0].message.content
     assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_n_gives_every_choice_plain_and_streamed(client: openai.OpenAI) -> None:
+    options = {"max_tokens": 6, "n": 2, "seed": 3, "extra_body": {"ignore_eos": True}}
+    reply = chat(client, "hello world", **options)
+    assert [c.index for c in reply.choices] == [0, 1]
+    assert all(c.message.content for c in reply.choices)
+    assert [c.finish_reason for c in reply.choices] == ["length", "length"]
+    assert reply.usage.completion_tokens == 12
+    chunks = list(chat(client, "hello world", stream=True, **options))
+    texts: dict[int, str] = {}
+    finishes: dict[int, str | None] = {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + (
+                choice.delta.content or ""
+            )
+            finishes[choice.index] = choice.finish_reason or finishes.get(choice.index)
+    assert sorted(texts) == [0, 1]
+    assert finishes == {0: "length", 1: "length"}
+
+
+def test_logprobs_in_the_openai_shape(client: openai.OpenAI) -> None:
+    reply = chat(
+        client,
+        "hello world",
+        max_tokens=4,
+        logprobs=True,
+        top_logprobs=3,
+        extra_body={"ignore_eos": True},
+    )
+    content = reply.choices[0].logprobs.content
+    assert len(content) == reply.usage.completion_tokens == 4
+    for entry in content:
+        assert entry.logprob <= 0
+        assert len(entry.top_logprobs) == 3
+        assert entry.top_logprobs[0].token == entry.token
+
+
+def test_stop_ends_the_text_before_the_stop_string(client: openai.OpenAI) -> None:
+    # A seeded sample is repeatable; greedy decoding of the random model
+    # repeats tokens that decode to nothing.
+    seeded = {"max_tokens": 24, "seed": 1, "extra_body": {"ignore_eos": True}}
+    text = chat(client, "hello world", **seeded).choices[0].message.content
+    stop = next(c for c in text[2:] if c.isascii() and c.isalnum())
+    reply = chat(client, "hello world", stop=[stop], **seeded)
+    assert reply.choices[0].message.content == text[: text.index(stop)]
+    assert reply.choices[0].finish_reason == "stop"
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"a": {"type": "integer"}},
+    "required": ["a"],
+    "additionalProperties": False,
+}
+
+
+def test_json_schema_output_validates(client: openai.OpenAI) -> None:
+    reply = chat(
+        client,
+        "hello world",
+        max_tokens=100,
+        seed=2,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "answer", "schema": SCHEMA},
+        },
+    )
+    assert reply.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(reply.choices[0].message.content), SCHEMA)
+
+
+def test_an_invalid_json_schema_is_a_400_on_response_format(
+    client: openai.OpenAI,
+) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        chat(
+            client,
+            "hello",
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "objectx"}},
+            },
+        )
+    error = error_of(info.value)
+    assert (error["code"], error["type"], error["param"], error["stage_id"]) == (
+        400,
+        "BadRequestError",
+        "response_format",
+        1,
+    )
+
+
+def test_completions_plain_and_streamed(client: openai.OpenAI) -> None:
+    options = {"max_tokens": 5, "seed": 1, "extra_body": {"ignore_eos": True}}
+    reply = client.completions.create(model="tiny-qwen2", prompt="hello", **options)
+    assert reply.object == "text_completion"
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage.completion_tokens == 5
+    chunks = list(
+        client.completions.create(
+            model="tiny-qwen2",
+            prompt="hello",
+            stream=True,
+            stream_options={"include_usage": True},
+            **options,
+        )
+    )
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == (
+        reply.choices[0].text
+    )
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 5
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="tiny-qwen2", prompt="hello", top_p=2)
+    assert error_of(info.value)["param"] == "top_p"
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
