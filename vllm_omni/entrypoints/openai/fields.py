@@ -278,10 +278,11 @@ def _set_fields(request: BaseModel | Mapping[str, Any]) -> Iterable[tuple[str, A
     if isinstance(request, Mapping):
         yield from ((k, v) for k, v in request.items() if v is not None)
         return
-    fields = type(request).model_fields
-    for name in sorted(request.model_fields_set):
-        field = fields.get(name)
-        if field is None:
+    given = request.model_fields_set
+    # In the model's order: a field the client sent comes before one that a
+    # validator set from it (``tools`` before the ``tool_choice`` it implies).
+    for name, field in type(request).model_fields.items():
+        if name not in given:
             continue
         value = getattr(request, name)
         if value is None or (
@@ -344,19 +345,40 @@ def log_ignored(request_id: str, names: Iterable[str]) -> None:
         )
 
 
-def _who(rule: FieldRule, kinds: tuple[str, ...]) -> str:
-    if ROUTE in rule.honoured_by:
-        return "honoured"
-    honoured = [kind for kind in kinds if kind in rule.honoured_by]
+# The stage kinds each route's table is shown for in the docs.
+_DOC_KINDS: dict[str, tuple[str, ...]] = {
+    "chat": ("text", "vllm"),
+    "completions": ("text", "vllm"),
+    "speech": ("talker",),
+    "image_generations": ("image",),
+    "image_edits": ("image",),
+    "videos": ("video",),
+    "realtime": ("text", "vllm", "talker"),
+}
+
+
+def _who(rule: FieldRule | None, kinds: tuple[str, ...]) -> str:
+    if rule is not None and ROUTE in rule.honoured_by:
+        return "all"
+    honoured = [kind for kind in kinds if rule and kind in rule.honoured_by]
     return ", ".join(f"`{kind}`" for kind in honoured) if honoured else "refused"
 
 
-def markdown(route: str, kinds: tuple[str, ...]) -> list[str]:
-    """The table of ``route`` for the docs: field, honoured by, how or why."""
-    table, _ = ROUTES[route]
-    lines = ["| field | honoured by | how / why not |", "| --- | --- | --- |"]
-    for name in sorted(table):
-        rule = table[name]
-        extra = " (some values refused)" if rule.refuse is not None else ""
-        lines.append(f"| `{name}` | {_who(rule, kinds)}{extra} | {rule.how} |")
+def markdown(route: str, names: Iterable[str] | None = None) -> list[str]:
+    """The docs table of ``route``: each field (``names``, default the
+    table's own), the stage kinds that honour it, and how, or why none does.
+    A name the table does not list is refused (``check_fields``)."""
+    table, operation = ROUTES[route]
+    kinds = _DOC_KINDS[route]
+    lines = [
+        f"{operation}:",
+        "",
+        "| field | honoured by | how / why not |",
+        "| --- | --- | --- |",
+    ]
+    for name in names if names is not None else table:
+        rule = table.get(name)
+        how = rule.how if rule is not None else "not supported by this server"
+        some = " (some values refused)" if rule is not None and rule.refuse else ""
+        lines.append(f"| `{name}` | {_who(rule, kinds)}{some} | {how} |")
     return lines
