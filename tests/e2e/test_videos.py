@@ -188,7 +188,7 @@ CREATE_ERRORS: dict[str, tuple[dict[str, Any], type[Exception], int, str, Any]] 
         openai.NotFoundError,
         404,
         "NotFoundError",
-        None,
+        "model",
     ),
     "input_reference": (
         {"prompt": "x", "input_reference": ("ref.png", b"\x89PNG", "image/png")},

@@ -389,3 +389,83 @@ def test_engine_args_need_a_model() -> None:
     with pytest.raises(VLLMValidationError) as info:
         make_stage([], engine_args={})
     assert info.value.parameter == f"stages[{STAGE_ID}].options.engine_args"
+
+
+async def test_upstream_sampling_params_travel_whole() -> None:
+    import msgspec
+    from vllm.sampling_params import SamplingParams
+
+    given = SamplingParams(n=2, temperature=0.7, top_p=0.5, stop=["x"], logprobs=2)
+    stage, built = make_stage([completion("x", "stop")])
+    _, details = await run_like_the_worker(
+        stage, {"sampling_params": msgspec.json.encode(given)}
+    )
+    assert details is None
+    sampling = built[0].sampling_params
+    assert (sampling.n, sampling.temperature, sampling.top_p, sampling.stop) == (
+        2,
+        0.7,
+        0.5,
+        ["x"],
+    )
+    assert sampling.logprobs == 2
+
+
+async def test_every_sampling_params_keyword_is_read() -> None:
+    stage, built = make_stage([completion("x", "stop")])
+    params = {
+        "temperature": 1.0,
+        "top_k": 5,
+        "min_p": 0.1,
+        "presence_penalty": 1.0,
+        "stop": ["y"],
+    }
+    _, details = await run_like_the_worker(stage, params)
+    assert details is None
+    sampling = built[0].sampling_params
+    assert (sampling.top_k, sampling.min_p, sampling.presence_penalty) == (5, 0.1, 1.0)
+    assert sampling.stop == ["y"]
+
+
+async def test_choices_stream_with_their_index_and_finish_reason() -> None:
+    two = RequestOutput(
+        request_id="r",
+        prompt="p",
+        prompt_token_ids=[1, 2],
+        prompt_logprobs=None,
+        outputs=[
+            CompletionOutput(
+                index=1,
+                text="b",
+                token_ids=[3],
+                cumulative_logprob=None,
+                logprobs=None,
+                finish_reason="stop",
+            ),
+            CompletionOutput(
+                index=0,
+                text="a",
+                token_ids=[4, 5],
+                cumulative_logprob=None,
+                logprobs=None,
+                finish_reason="length",
+            ),
+        ],
+        finished=True,
+    )
+    stage, _ = make_stage([two])
+    chunks, details = await run_like_the_worker(stage, {"n": 2, "temperature": 1.0})
+    assert details is None
+    assert [(c.index, c.text, c.finish_reason) for c in chunks] == [
+        (1, "b", "stop"),
+        (0, "a", "length"),
+    ]
+    assert chunks[-1].meta == {"prompt_tokens": 2, "completion_tokens": 3}
+
+
+async def test_upstreams_unnamed_errors_name_the_key() -> None:
+    stage, built = make_stage([completion("never")])
+    _, details = await run_like_the_worker(stage, {"n": 2})  # greedy by default
+    assert details is not None
+    assert (details.status_code, details.parameter) == (400, "n")
+    assert built[0].sampling_params is None

@@ -41,6 +41,33 @@ def test_generate_one_and_many(omni: Omni) -> None:
     assert [o.text for o in outs] == ["You said: a", "You said: b"]
 
 
+@pytest.mark.parametrize(
+    ("params", "parameter"),
+    [
+        ({"top_p": 0.5}, "top_p"),  # a vllm stage's, not the reference's
+        ({"max_token": 3}, "max_token"),  # a typo
+        ({"voice": "nova"}, "voice"),  # the talker is not on a text route
+    ],
+)
+def test_a_key_no_stage_reads_is_refused_not_dropped(
+    omni: Omni, params: dict[str, Any], parameter: str
+) -> None:
+    with pytest.raises(VLLMValidationError) as info:
+        omni.generate("hello", params=params)
+    details = info.value.details
+    assert details is not None
+    assert (details.status_code, details.parameter) == (400, parameter)
+    assert "thinker" in details.message
+
+
+def test_keys_the_stages_read_are_honoured(omni: Omni) -> None:
+    out = omni.generate("hello there", params={"stop": ["there"], "n": 2})
+    assert [c.text for c in out.choices] == ["You said: hello ", "You said: hello "]
+    assert [c.finish_reason for c in out.choices] == ["stop", "stop"]
+    spoken = omni.generate("hi", modalities=["text", "audio"], params={"voice": "nova"})
+    assert spoken.audio
+
+
 def test_guardrail_violation_is_a_client_error(omni: Omni) -> None:
     with pytest.raises(GuardrailViolationError) as info:
         omni.generate("let us discuss the forbidden-topic")

@@ -77,3 +77,23 @@ def test_unknown_adapter_is_not_found_and_the_engine_keeps_serving(
     assert "/no/such" not in details.message
     after = omni.generate("hello world", params={"max_tokens": 4, "ignore_eos": True})
     assert after.finished and after.text
+
+
+def test_upstream_sampling_params_are_honoured(omni: Omni) -> None:
+    from vllm.sampling_params import SamplingParams
+
+    out = omni.generate(
+        "hello world",
+        params=SamplingParams(n=2, max_tokens=4, seed=1, ignore_eos=True, logprobs=2),
+    )
+    assert [c.index for c in out.choices] == [0, 1]
+    assert [c.finish_reason for c in out.choices] == ["length", "length"]
+    assert all(len(c.logprobs) == 4 for c in out.choices)
+    assert out.text == out.choices[0].text
+
+
+def test_a_key_the_engine_does_not_read_is_refused(omni: Omni) -> None:
+    with pytest.raises(OmniClientError) as info:
+        omni.generate("hello", params={"top_logprobs": 2})
+    assert info.value.details is not None
+    assert info.value.details.parameter == "top_logprobs"

@@ -40,7 +40,7 @@ import threading
 import uuid
 import weakref
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from vllm_omni.config import PipelineConfig
 from vllm_omni.entrypoints.async_omni import AsyncOmni, parse_modalities
@@ -53,6 +53,9 @@ from vllm_omni.errors import (
 )
 from vllm_omni.errors.metrics import AbortReason
 from vllm_omni.outputs import DiffusionOutput, OmniRequestOutput
+
+if TYPE_CHECKING:
+    from vllm.sampling_params import SamplingParams
 
 __all__ = ["Omni"]
 
@@ -112,7 +115,7 @@ class Omni:
         prompts: str,
         *,
         modalities: Iterable[str] | str = ...,
-        params: Mapping[str, Any] | None = ...,
+        params: Mapping[str, Any] | SamplingParams | None = ...,
         raise_on_error: bool = ...,
         timeout: float | None = ...,
     ) -> OmniRequestOutput: ...
@@ -123,7 +126,7 @@ class Omni:
         prompts: Sequence[str],
         *,
         modalities: Iterable[str] | str = ...,
-        params: Mapping[str, Any] | None = ...,
+        params: Mapping[str, Any] | SamplingParams | None = ...,
         raise_on_error: bool = ...,
         timeout: float | None = ...,
     ) -> list[OmniRequestOutput]: ...
@@ -133,7 +136,7 @@ class Omni:
         prompts: str | Sequence[str],
         *,
         modalities: Iterable[str] | str = ("text",),
-        params: Mapping[str, Any] | None = None,
+        params: Mapping[str, Any] | SamplingParams | None = None,
         raise_on_error: bool = True,
         timeout: float | None = None,
     ) -> OmniRequestOutput | list[OmniRequestOutput]:
@@ -196,7 +199,7 @@ class Omni:
         prompts: list[Any],
         request_ids: list[str],
         modalities: tuple[str, ...],
-        params: Mapping[str, Any] | None,
+        params: Mapping[str, Any] | SamplingParams | None,
         raise_on_error: bool,
     ) -> list[OmniRequestOutput]:
         results = await asyncio.gather(
@@ -221,7 +224,7 @@ class Omni:
         prompt: str,
         request_id: str,
         modalities: tuple[str, ...],
-        params: Mapping[str, Any] | None,
+        params: Mapping[str, Any] | SamplingParams | None,
     ) -> OmniRequestOutput:
         final: OmniRequestOutput | None = None
         async for output in self.engine.generate(

@@ -386,7 +386,11 @@ class VLLMStage(Stage):
         if isinstance(openai, Mapping):
             inputs = await self._openai_inputs(openai)
         else:
-            sampling = _offline_sampling_params(request.params)
+            try:
+                sampling = _offline_sampling_params(request.params)
+            except VLLMValidationError as exc:
+                _name_parameter(exc, set(request.params))
+                raise
             inputs = _Inputs(
                 request.prompt,
                 sampling,
