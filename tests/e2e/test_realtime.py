@@ -413,3 +413,26 @@ def test_disconnect_mid_response_aborts_and_is_not_an_error(
         _recv(ws)
         _create(ws, instructions="next session")
         assert _until_done(ws)[-1]["type"] == "response.done"
+
+
+@pytest.mark.parametrize(
+    ("response", "param"),
+    [
+        ({"tools": [{"type": "function", "name": "f"}]}, "response.tools"),
+        ({"voice": "nova"}, "response.voice"),  # no audio: no talker
+        ({"output_audio_format": "pcm16"}, "response.output_audio_format"),
+        ({"max_response_output_tokens": 5}, "response.max_response_output_tokens"),
+    ],
+)
+def test_a_response_field_no_stage_honours_is_refused(
+    session: tuple[ClientConnection, str], response: dict[str, Any], param: str
+) -> None:
+    ws, _ = session
+    _create(ws, "f1", instructions="hello", **response)
+    error = _recv(ws)
+    assert error["type"] == "error" and error["event_id"] == "f1"
+    assert (error["error"]["code"], error["error"]["param"]) == (400, param)
+    # The session goes on: the same request without the field is served.
+    _create(ws, "f2", instructions="hello")
+    events = _until_done(ws)
+    assert events[-1]["type"] == "response.done"
