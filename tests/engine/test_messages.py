@@ -37,7 +37,8 @@ FATAL = OmniErrorDetails(
 
 
 class LegacyError(msgspec.Struct, tag="error", tag_field="type"):
-    """A 0.30-era receiver: only the legacy flat fields (tolerant by default)."""
+    """A 0.30-era receiver: only the legacy flat fields (tolerant by default).
+    The real 0.30 Struct, from the wheel, is in ``test_wire_030.py``."""
 
     error: str
     status_code: int
@@ -45,6 +46,7 @@ class LegacyError(msgspec.Struct, tag="error", tag_field="type"):
     fatal: bool = False
     request_id: str | None = None
     stage_id: int | None = None
+    event_id: str | None = None
 
 
 class StrictLegacyError(LegacyError, forbid_unknown_fields=True):
@@ -93,7 +95,11 @@ def test_legacy_wire_serves_a_strict_legacy_receiver() -> None:
     with pytest.raises(msgspec.ValidationError):
         msgspec.msgpack.decode(m.encode(message), type=StrictLegacyError)
     legacy = m.encode(message, legacy_wire=True)
-    assert set(msgspec.msgpack.decode(legacy)) == {"type", *LEGACY_WIRE_FIELDS}
+    assert set(msgspec.msgpack.decode(legacy)) == {
+        "type",
+        *LEGACY_WIRE_FIELDS,
+        "event_id",
+    }
     old = msgspec.msgpack.decode(legacy, type=StrictLegacyError)
     assert old.error == CLIENT.message and old.status_code == 400
 
