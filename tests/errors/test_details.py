@@ -199,7 +199,8 @@ def test_to_wire_legacy_has_exactly_the_legacy_keys() -> None:
                 "stage_id": 2,
             },
             OmniErrorDetails(
-                "stage crashed",
+                # A 0.30 fatal text is the log text of the death (issue 22).
+                GENERIC,
                 "server",
                 500,
                 "InternalServerError",
@@ -276,7 +277,7 @@ def test_a_fatal_record_keeps_its_5xx() -> None:
     assert OmniErrorDetails.from_wire(
         {"error": "drained", "status_code": 503, "fatal": True, "stage_id": 2}
     ) == OmniErrorDetails(
-        "drained", "server", 503, "ServiceUnavailableError", stage_id=2, fatal=True
+        GENERIC, "server", 503, "ServiceUnavailableError", stage_id=2, fatal=True
     )
 
 
@@ -387,9 +388,12 @@ def test_wire_round_trip(record: OmniErrorDetails) -> None:
 def test_legacy_wire_round_trip(record: OmniErrorDetails) -> None:
     legacy = record.to_wire(legacy=True)
     assert set(legacy) == LEGACY_KEYS
-    # A 0.30 receiver loses only what it never had: the parameter.
+    # A 0.30 receiver loses only what it never had: the parameter; and a
+    # fatal record's text is, to 0.30, the log text of the death (issue 22).
     assert OmniErrorDetails.from_wire(legacy) == dataclasses.replace(
-        record, parameter=None
+        record,
+        parameter=None,
+        message=GENERIC if record.fatal else record.message,
     )
 
 

@@ -237,7 +237,8 @@ def _read_wire(
     if not _is_int(status):
         raise RuntimeError("no status_code: the safe server record")
     category = data.get("category")
-    if category is None:
+    legacy = category is None
+    if legacy:
         category = next(name for name, span in STATUS_RANGES.items() if status in span)
     # ``message`` is the 0.31 name, ``error`` the 0.30 one: a record may carry
     # either (a compact 0.31 record has no ``error``), or both.
@@ -250,6 +251,10 @@ def _read_wire(
     if not (isinstance(error_type, str) and _ERROR_TYPE_RE.fullmatch(error_type)):
         error_type = default_type(status, category)
     fatal = data.get("fatal", False)
+    if fatal is True and legacy:
+        # A 0.30 sender's fatal text is the log text of the death (receivers
+        # keep it as ``reason``); what a client sees of it is generic.
+        message = GENERIC_SERVER_MESSAGE
     return OmniErrorDetails(
         message=sanitize_message(message or "").strip() or status_phrase(status),
         category=category,
