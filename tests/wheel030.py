@@ -11,11 +11,12 @@ packages) is executed, cut out of the wheel's source with ``ast``:
 - the wire Structs ``EngineQueueMessage`` and ``ErrorMessage`` of
   ``vllm_omni/engine/messages.py`` (with their ``msgspec``/``typing``
   imports; the other Structs need 0.30's packages);
-- single functions (a classmethod of an output class, the receiving
-  methods of ``OmniBase``) and single expressions (the diffusion process's
-  error dict), run in a namespace the test gives them: that is how 0.30's
-  code is made to run against *this* tree's ``vllm_omni.errors``, as it
-  would once this package replaced its ``errors.py``.
+- single classes (its ``OmniEngineDeadError``), functions (a classmethod
+  of an output class, the receiving methods of ``OmniBase``) and
+  expressions (the diffusion process's error dict), run in a namespace the
+  test gives them: that is how 0.30's code is made to run against *this*
+  tree's ``vllm_omni.errors``, as it would once this package replaced its
+  ``errors.py``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import pytest
 from benchmarks.bench_audit import wheel_tree
 
 __all__ = [
+    "class_030",
     "dict_expressions",
     "errors_030",
     "evaluate",
@@ -147,6 +149,18 @@ def function_030(
             function: Callable[..., Any] = scope[name]
             return function
     raise AssertionError(f"0.30 {class_name} has no method {name}")
+
+
+def class_030(relative: str, name: str, namespace: Mapping[str, Any]) -> type:
+    """Class ``name`` of a 0.30 file, executed with its free names (its
+    bases included) resolved in ``namespace``."""
+    node = _class(parse(relative), name)
+    future = ast.ImportFrom("__future__", [ast.alias("annotations")], 0)
+    module = ast.fix_missing_locations(ast.Module([future, node], []))
+    scope = {"__name__": f"vllm_omni_030.{Path(relative).stem}", **namespace}
+    exec(compile(module, str(tree_030() / relative), "exec"), scope)
+    made: type = scope[name]
+    return made
 
 
 def methods_030(relative: str, class_name: str) -> Iterator[ast.FunctionDef]:
