@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 _REQUIRED = {"message", "type", "param", "code"}
-_OPTIONAL = {"request_id", "stage_id"}
+# ``error_stage_id``: 0.30's name of ``stage_id``, kept for one release.
+_OPTIONAL = {"request_id", "stage_id", "error_stage_id"}
 
 
 def assert_canonical_error(status: int, body: Any, headers: Any = None) -> None:
@@ -18,6 +19,7 @@ def assert_canonical_error(status: int, body: Any, headers: Any = None) -> None:
     assert isinstance(error["message"], str) and error["message"], error
     assert isinstance(error["type"], str) and error["type"], error
     assert error["param"] is None or isinstance(error["param"], str), error
+    assert error.get("error_stage_id") == error.get("stage_id"), error
     if headers is not None and "request_id" in error:
         header = headers.get("x-request-id")
         if isinstance(header, list):  # schemathesis keeps every value

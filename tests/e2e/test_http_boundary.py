@@ -182,9 +182,11 @@ def _check_case(base: str, name: str, expected: tuple[Any, ...]) -> httpx.Respon
     assert error["request_id"] == f"req-{name}"
     assert response.headers["x-request-id"] == f"req-{name}"
     assert error.get("stage_id") == stage_id
+    # ``error_stage_id``: 0.30's name, kept for one release (issue 22).
+    assert error.get("error_stage_id") == stage_id
     expected_keys = {"message", "type", "param", "code", "request_id"}
     assert set(error) == expected_keys | (
-        {"stage_id"} if stage_id is not None else set()
+        {"stage_id", "error_stage_id"} if stage_id is not None else set()
     )
 
     assert_http_error_counted(
@@ -374,6 +376,7 @@ def test_engine_death_terminates_server_and_keep_alive_keeps_it(
             "code": 500,
             "request_id": response.headers["x-request-id"],
             "stage_id": 3,
+            "error_stage_id": 3,
         }
     started = time.monotonic()
     assert dying.wait(timeout=5) is not None

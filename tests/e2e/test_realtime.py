@@ -203,6 +203,7 @@ def test_stage_failure_closes_1011(session: tuple[ClientConnection, str]) -> Non
         "code": 500,
         "request_id": session_id,
         "stage_id": 1,
+        "error_stage_id": 1,
     }
     assert _closed_code(ws) == 1011
 

@@ -275,6 +275,7 @@ def test_failed_job_stores_canonical_error(
         "code": 500,
         "request_id": video.id,
         "stage_id": 5,
+        "error_stage_id": 5,
     }
     assert failed.error.code == 500
     assert (

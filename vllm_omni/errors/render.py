@@ -57,6 +57,8 @@ def error_object(details: OmniErrorDetails) -> dict[str, Any]:
         obj["request_id"] = details.request_id
     if details.stage_id is not None:
         obj["stage_id"] = details.stage_id
+        # 0.30's name, kept for one release (docs/errors/stages.md).
+        obj["error_stage_id"] = details.stage_id
     return obj
 
 
