@@ -262,3 +262,43 @@ def test_a_malformed_compact_record_keeps_what_it_can() -> None:
         request_id="r1",
         stage_id=2,
     )
+
+
+# -- issue 22: 0.30's shapes without a status ------------------------------------
+
+
+def test_a_030_engine_death_without_a_status_stays_fatal() -> None:
+    """0.30's Struct sends every field: a death has null ``status_code`` and
+    ``error_type`` (``test_wire_030.py`` uses 0.30's own Struct)."""
+    data = msgspec.msgpack.encode(
+        {
+            "type": "error",
+            "error": "Stage engine died at /opt/omni/x.py",
+            "status_code": None,
+            "error_type": None,
+            "fatal": True,
+            "request_id": None,
+            "stage_id": 1,
+            "event_id": None,
+        }
+    )
+    decoded = m.decode(data)
+    assert isinstance(decoded, m.ErrorMessage)
+    assert decoded.to_details() == OmniErrorDetails(
+        "The server had an error while processing your request.",
+        "server",
+        500,
+        "InternalServerError",
+        stage_id=1,
+        fatal=True,
+    )
+    assert decoded.reason == "Stage engine died at <path>"
+
+
+def test_event_id_travels_in_every_shape() -> None:
+    message = m.ErrorMessage.from_details(SERVER, event_id="ev-3")
+    for shape in ({}, {"compact": True}, {"legacy_wire": True}):
+        decoded = m.decode(m.encode(message, **shape))
+        assert isinstance(decoded, m.ErrorMessage)
+        assert decoded.event_id == "ev-3", shape
+        assert decoded.to_details() == SERVER, shape
