@@ -3,7 +3,8 @@
 Owns one job: turn arbitrary exception text into text safe to show a client.
 It strips tracebacks and ``File "…", line N`` frames, replaces filesystem
 paths, memory addresses, credentials, data URIs and long base64 runs, drops
-control characters and caps the length. The normalizer calls it once; nothing
+control characters, replaces lone surrogates (text that is not Unicode) by
+U+FFFD and caps the length. The normalizer calls it once; nothing
 else should need to. It must never raise and must be idempotent
 (``sanitize(sanitize(x)) == sanitize(x)``), because records are re-checked
 when they are read back from the wire.
@@ -19,6 +20,8 @@ import dataclasses
 import functools
 import re
 from collections.abc import Callable
+
+from vllm_omni.errors.text import make_safe
 
 __all__ = [
     "MAX_MESSAGE_CHARS",
@@ -329,7 +332,9 @@ def sanitize_message(text: object) -> str:
             return ""
     if text in _CLEAN:
         return text
-    return _fixed_point(text[:_SCAN_LIMIT])
+    # A lone surrogate (client text quoted in a message) would make every
+    # encoder downstream raise: JSON bodies, WebSocket frames, SQLite, logs.
+    return _fixed_point(make_safe(text[:_SCAN_LIMIT]))
 
 
 def sanitize_parameter(parameter: object) -> str | None:
