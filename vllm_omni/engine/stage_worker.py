@@ -64,6 +64,7 @@ from vllm_omni.engine import liveness
 from vllm_omni.engine import messages as m
 from vllm_omni.engine.faults import apply_fault, matching_fault
 from vllm_omni.errors import OmniServiceUnavailableError, fatal_reason, normalize
+from vllm_omni.errors.logs import install_log_redaction
 from vllm_omni.stages import build_stage
 from vllm_omni.stages.base import Stage
 
@@ -449,7 +450,9 @@ class _LineHandler(logging.Handler):
 
 
 def configure_logging(stage_id: int, level: int, tracebacks: bool) -> None:
-    """This process's logging: every record one stamped line on stderr."""
+    """This process's logging: every record one stamped line on stderr, its
+    credentials redacted."""
+    install_log_redaction()
     handler = _LineHandler()
     handler.addFilter(_StageLogFilter(stage_id))
     handler.setFormatter(_OneLineFormatter(tracebacks))

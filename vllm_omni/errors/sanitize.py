@@ -7,7 +7,9 @@ control characters, replaces lone surrogates (text that is not Unicode) by
 U+FFFD and caps the length. The normalizer calls it once; nothing
 else should need to. It must never raise and must be idempotent
 (``sanitize(sanitize(x)) == sanitize(x)``), because records are re-checked
-when they are read back from the wire.
+when they are read back from the wire. ``redact_credentials`` runs the
+credential rules of the same table alone, for log lines, which keep their
+paths and tracebacks.
 
 All patterns live in one table and run as a single alternation, so a message
 is scanned once however many rules there are; rules whose trigger substrings
@@ -25,6 +27,7 @@ from vllm_omni.errors.text import make_safe
 
 __all__ = [
     "MAX_MESSAGE_CHARS",
+    "redact_credentials",
     "sanitize_message",
     "sanitize_parameter",
     "sanitize_request_id",
@@ -252,12 +255,12 @@ def _occurs(trigger: Trigger, text: str) -> bool:
     return trigger.search(text) is not None
 
 
-def _active_rules(text: str) -> tuple[str, ...]:
-    """The rules that can match ``text``, in table order."""
+def _active_rules(text: str, among: tuple[str, ...]) -> tuple[str, ...]:
+    """The rules of ``among`` that can match ``text``, in table order."""
     seen: dict[Trigger, bool] = {}
     names = []
-    for name, triggers in _TRIGGERS.items():
-        for trigger in triggers:
+    for name in among:
+        for trigger in _TRIGGERS[name]:
             occurs = seen.get(trigger)
             if occurs is None:
                 occurs = seen[trigger] = _occurs(trigger, text)
@@ -275,6 +278,26 @@ def _alternation(names: tuple[str, ...]) -> re.Pattern[str]:
 
 
 _ALL_RULES = tuple(_PATTERNS)
+# The rules that find a credential. Log lines get these and only these:
+# paths, tracebacks and addresses are what logs are for (DESIGN §10).
+_CREDENTIAL_RULES = tuple(
+    name
+    for name in _ALL_RULES
+    if name
+    in {
+        "private_key",
+        "url_userinfo",
+        "auth_header",
+        "auth_scheme",
+        "jwt",
+        "openai_key",
+        "hf_token",
+        "aws_key",
+        "vendor_token",
+        "quoted_field",
+        "assignment",
+    }
+)
 
 # Recent results that are fixed points (never raw input), so a hit returns
 # exactly what a full scan would. It turns the record's re-check of a message
@@ -302,7 +325,7 @@ def _cap(text: str) -> str:
 
 
 def _one_pass(text: str, *, every_rule: bool) -> str:
-    names = _ALL_RULES if every_rule else _active_rules(text)
+    names = _ALL_RULES if every_rule else _active_rules(text, _ALL_RULES)
     if names:
         text = _alternation(names).sub(_replace, text)
     return _cap(text.strip())
@@ -335,6 +358,18 @@ def sanitize_message(text: object) -> str:
     # A lone surrogate (client text quoted in a message) would make every
     # encoder downstream raise: JSON bodies, WebSocket frames, SQLite, logs.
     return _fixed_point(make_safe(text[:_SCAN_LIMIT]))
+
+
+def redact_credentials(text: str) -> str:
+    """``text`` with every credential replaced by ``<redacted>``, by the same
+    rules ``sanitize_message`` applies, and lone surrogates by U+FFFD;
+    everything else (paths, tracebacks, request ids) is left as it is.
+
+    For log lines: ``vllm_omni.errors.logs`` passes every line through it.
+    """
+    text = make_safe(text)
+    names = _active_rules(text, _CREDENTIAL_RULES)
+    return _alternation(names).sub(_replace, text) if names else text
 
 
 def sanitize_parameter(parameter: object) -> str | None:
