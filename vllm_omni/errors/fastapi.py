@@ -79,7 +79,11 @@ from vllm_omni.errors.render import (
     websocket_denial,
     ws_error_event,
 )
-from vllm_omni.errors.sanitize import sanitize_parameter, sanitize_request_id
+from vllm_omni.errors.sanitize import (
+    sanitize_parameter,
+    sanitize_request_id,
+    warm_rule_set,
+)
 from vllm_omni.errors.table import HTTP_STATUS_TYPES, row_for
 from vllm_omni.errors.types import (
     EngineDeadError,
@@ -402,9 +406,11 @@ class ErrorBoundary:
         if scope["type"] not in ("http", "websocket"):
             if scope["type"] == "lifespan" and not self._warmed:
                 # Upstream's launcher module (terminate_if_errored) costs
-                # 3-4 s of imports: load it beside startup, not before it.
+                # 3-4 s of imports, the sanitizer's rule set a few tenths:
+                # load them beside startup, not before it.
                 self._warmed = True
                 warm_launcher()
+                warm_rule_set()
             await self.app(scope, receive, send)
             return
         # Per request (uvicorn runs each in its own task): the engine reads
