@@ -298,7 +298,8 @@ BENIGN: tuple[str, ...] = (
     "The model `Qwen/Qwen2.5-Omni-7B` does not exist.",
     "secret rotation is handled by the operator, not by this server",
     "password_min_length=12 is enforced by the identity provider",
-    "sha256 of the weights: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+    "sha256 of the weights: "
+    "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
 )
 
 
