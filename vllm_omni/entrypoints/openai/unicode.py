@@ -28,8 +28,9 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 from starlette.requests import HTTPConnection, Request
 
-from vllm_omni.errors import VLLMNotFoundError, VLLMValidationError
-from vllm_omni.errors.text import NonUnicode, is_unicode, make_safe, non_unicode_field
+from vllm_omni.entrypoints.openai.routes.common import unknown_model
+from vllm_omni.errors import VLLMValidationError
+from vllm_omni.errors.text import NonUnicode, is_unicode, non_unicode_field
 
 __all__ = ["non_unicode_error", "require_unicode"]
 
@@ -56,7 +57,7 @@ def _check_model(document: object) -> None:
     # is not Unicode is an unknown model, answered as every unknown model is.
     model = document.get("model") if isinstance(document, dict) else None
     if isinstance(model, str) and not is_unicode(model):
-        raise VLLMNotFoundError(f"The model `{make_safe(model)}` does not exist.")
+        raise unknown_model(model)
 
 
 def _check_pairs(pairs: Iterable[tuple[str, object]], where: str) -> None:
