@@ -32,6 +32,7 @@ from tests.e2e.omni_server import (
     OmniServer,
 )
 from tests.e2e.servers import serve_in_thread
+from vllm_omni.config import StageConfig
 from vllm_omni.errors.logs import install_log_redaction
 from vllm_omni.outputs import OmniRequestOutput
 
@@ -93,6 +94,9 @@ class _RaisingEngine:
 
     async def check_health(self) -> None:
         return None
+
+    def stage_for(self, modality: str) -> StageConfig | None:
+        return StageConfig(1, "thinker", "text") if modality == "text" else None
 
     async def generate(
         self, prompt: str, *, request_id: str, modalities: Any, params: Any

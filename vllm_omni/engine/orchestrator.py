@@ -848,7 +848,7 @@ class Orchestrator:
         bad = "params" if not isinstance(params, Mapping) else _bad_param(params, "")
         if bad is not None:
             raise VLLMValidationError(
-                f"{bad or 'params'} must be a plain value: a Unicode string, a 64-bit "
+                f"{bad or 'params'} must be a plain value: a string, a 64-bit "
                 "integer, a number, a bool, bytes, or lists and mappings of them",
                 parameter=bad or "params",
             )
