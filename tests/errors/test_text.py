@@ -52,6 +52,8 @@ def test_make_safe_always_encodes(text: str) -> None:
         ("\ud800", NonUnicode("")),
         ({"first": "\ud800", "second": "\udc00"}, NonUnicode("first")),
         ({"a": [1, 2.5, None, True, "fine"]}, None),
+        (None, None),
+        (42, None),
     ],
 )  # fmt: skip
 def test_non_unicode_field_names_the_field(document: object, found: object) -> None:

@@ -74,6 +74,8 @@ def non_unicode_field(value: object, path: str = "") -> NonUnicode | None:
     """
     if isinstance(value, str):
         return None if is_unicode(value) else NonUnicode(path)
+    if not isinstance(value, Mapping | list | tuple):
+        return None
     # (parent, key) of every queued container; index 0 is ``value`` itself.
     nodes: list[tuple[int, object]] = [(-1, path)]
     stack: list[tuple[object, int]] = [(value, 0)]
