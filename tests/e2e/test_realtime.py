@@ -28,7 +28,12 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from tests.e2e.omni_server import REFERENCE_STAGES, OmniServer
-from tests.e2e.servers import metric_samples, sample_delta, serve_in_thread
+from tests.e2e.servers import (
+    metric_samples,
+    sample_delta,
+    serve_in_thread,
+    settled_samples,
+)
 from vllm_omni.config import StageConfig
 from vllm_omni.outputs import OmniRequestOutput
 
@@ -437,3 +442,80 @@ def test_a_response_field_no_stage_honours_is_refused(
     _create(ws, "f2", instructions="hello")
     events = _until_done(ws)
     assert events[-1]["type"] == "response.done"
+
+
+# -- message size limit ------------------------------------------------------------
+
+
+def _padded(size: int, event_id: str) -> str:
+    """An event (of an unknown type) of exactly ``size`` bytes."""
+    event = {"type": "pad", "event_id": event_id, "pad": ""}
+    frame = json.dumps(event)
+    return json.dumps({**event, "pad": "x" * (size - len(frame))})
+
+
+def _assert_too_big(ws: ClientConnection, limit: int) -> None:
+    """One 413 error event, then the close with 1009 (message too big)."""
+    event = _recv(ws)
+    assert event["type"] == "error" and "event_id" not in event
+    error = event["error"]
+    assert (error["code"], error["type"], error["param"]) == (
+        413,
+        "RequestTooLargeError",
+        None,
+    )
+    assert error["message"] == f"A WebSocket message must be at most {limit} bytes."
+    with pytest.raises(ConnectionClosed) as closed:
+        ws.recv(timeout=10)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+
+
+def test_message_over_the_limit_is_413_then_1009() -> None:
+    """``--max-ws-message-bytes`` as an operator sets it (in process): a
+    message of exactly the limit is read (here: a 400 for its type), one byte
+    more gets the 413 event and the close, counted as a client error."""
+    from vllm_omni.entrypoints.openai.api_server import build_app
+
+    limit = 4096
+    app = build_app(
+        argparse.Namespace(
+            api_key=None, error_mode="strict", max_ws_message_bytes=limit
+        )
+    )
+    app.state.engine_client = _AheadEngine()
+    with serve_in_thread(app) as url:
+        before = metric_samples(url)
+        with connect(_url(url)) as ws:
+            _recv(ws)
+            ws.send(_padded(limit, "fits"))
+            fits = _recv(ws)
+            assert (fits["event_id"], fits["error"]["code"]) == ("fits", 400)
+            ws.send(_padded(limit + 1, "over"))
+            _assert_too_big(ws, limit)
+        after = settled_samples(
+            url, before, ERRORS, 1, transport="websocket", code="413"
+        )
+    assert (
+        sample_delta(
+            before,
+            after,
+            ERRORS,
+            transport="websocket",
+            category="client",
+            type="RequestTooLargeError",
+            code="413",
+        )
+        == 1
+    )
+    assert sample_delta(before, after, ERRORS, category="server") == 0
+
+
+def test_default_message_limit(omni_server: OmniServer) -> None:
+    """The default, 1 MiB, on the real server: one byte over it is refused."""
+    limit = 1024 * 1024
+    with connect(
+        _url(omni_server.base_url), additional_headers=omni_server.headers()
+    ) as ws:
+        _recv(ws)
+        ws.send(_padded(limit + 1, "over"))
+        _assert_too_big(ws, limit)

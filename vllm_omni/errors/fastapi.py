@@ -24,7 +24,8 @@ error response), logging (5xx with traceback, 4xx at INFO; overload
 refusals, refusals by a dead engine and replayed job errors at INFO without
 traceback), legacy-fallback accounting, stage-aware termination on engine
 death, the request body limit (413 while the body is read, before anything
-parses it) and client disconnects. The framework handlers put ``Allow`` on
+parses it), the WebSocket message limit (a 413 error event and close 1009
+instead of the message) and client disconnects. The framework handlers put ``Allow`` on
 every 405, and the router's default answers an unmatched WebSocket handshake
 with the same canonical 404 as HTTP instead of Starlette's bare 403. It
 renders only through ``vllm_omni.errors.render``.
@@ -47,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import threading
@@ -72,10 +74,16 @@ from vllm_omni.errors.metrics import (
 )
 from vllm_omni.errors.normalizer import Mode, is_legacy_fallback, normalize
 from vllm_omni.errors.render import (
+    WS_CLOSE_TOO_BIG,
     http_error_response,
     websocket_denial,
+    ws_error_event,
 )
-from vllm_omni.errors.sanitize import sanitize_parameter, sanitize_request_id
+from vllm_omni.errors.sanitize import (
+    sanitize_parameter,
+    sanitize_request_id,
+    warm_rule_set,
+)
 from vllm_omni.errors.table import HTTP_STATUS_TYPES, row_for
 from vllm_omni.errors.types import (
     EngineDeadError,
@@ -319,6 +327,27 @@ def _too_large(limit: int) -> StarletteHTTPException:
     )
 
 
+def _event_too_large(limit: int) -> OmniClientError:
+    return OmniClientError(
+        f"A WebSocket message must be at most {limit} bytes.",
+        status_code=413,
+        error_type=HTTP_STATUS_TYPES[413],
+    )
+
+
+def _over_limit(message: Message, limit: int) -> bool:
+    """Whether a WebSocket message was larger than ``limit`` bytes as sent."""
+    data = message.get("bytes")
+    if data is not None:
+        return len(data) > limit
+    text = message.get("text") or ""
+    # A text message travels as UTF-8, 1 to 4 bytes a character: encode only
+    # when the count of characters cannot decide.
+    if len(text) > limit or len(text) * 4 <= limit:
+        return len(text) > limit
+    return len(text.encode()) > limit
+
+
 def _declared_length(scope: Scope) -> int | None:
     for name, value in scope.get("headers", ()):
         if name == b"content-length":
@@ -355,7 +384,9 @@ def limit_body(scope: Scope, receive: Receive, limit: int) -> Receive:
 class ErrorBoundary:
     """Pure ASGI middleware: render any escaping exception as the canonical error.
 
-    With ``max_request_bytes`` it also bounds every request body (413).
+    With ``max_request_bytes`` it also bounds every request body (413); with
+    ``max_ws_message_bytes`` every WebSocket message a client sends (an error
+    event, 413, then close 1009).
     """
 
     def __init__(
@@ -363,19 +394,23 @@ class ErrorBoundary:
         app: ASGIApp,
         mode: Mode = "strict",
         max_request_bytes: int | None = None,
+        max_ws_message_bytes: int | None = None,
     ) -> None:
         self.app = app
         self.mode = mode
         self.max_request_bytes = max_request_bytes
+        self.max_ws_message_bytes = max_ws_message_bytes
         self._warmed = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
             if scope["type"] == "lifespan" and not self._warmed:
                 # Upstream's launcher module (terminate_if_errored) costs
-                # 3-4 s of imports: load it beside startup, not before it.
+                # 3-4 s of imports, the sanitizer's rule set a few tenths:
+                # load them beside startup, not before it.
                 self._warmed = True
                 warm_launcher()
+                warm_rule_set()
             await self.app(scope, receive, send)
             return
         # Per request (uvicorn runs each in its own task): the engine reads
@@ -383,11 +418,11 @@ class ErrorBoundary:
         context = AbortContext()
         set_abort_context(context)
         if scope["type"] == "websocket":
-            await self._call(
-                scope,
-                _websocket_receive(receive, context),
-                _websocket_send(send, context),
-            )
+            ws_send = _websocket_send(send, context)
+            ws_receive = _websocket_receive(receive, context)
+            if self.max_ws_message_bytes is not None:
+                ws_receive = self._limit_messages(scope, ws_receive, ws_send)
+            await self._call(scope, ws_receive, ws_send)
             return
         watch = _DisconnectWatch(receive, context)
         route_receive = watch.receive
@@ -414,6 +449,41 @@ class ErrorBoundary:
                 }
             )
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def _limit_messages(self, scope: Scope, receive: Receive, send: Send) -> Receive:
+        """``receive`` that answers a client message over the limit itself.
+
+        The message is not handed to the route: the client gets one error
+        event (413 ``RequestTooLargeError``, counted as a client error) and a
+        close with 1009 (message too big); the route sees a disconnect, as
+        for any client that went away, and ends its session.
+        """
+        limit = self.max_ws_message_bytes
+        assert limit is not None
+        closed: Message | None = None
+
+        async def receive_limited() -> Message:
+            nonlocal closed
+            if closed is not None:
+                return closed
+            message = await receive()
+            if message["type"] != "websocket.receive" or not _over_limit(
+                message, limit
+            ):
+                return message
+            details = details_for_exception(
+                _event_too_large(limit),
+                request_id=scope_request_id(scope),
+                mode=self.mode,
+            )
+            event = ws_error_event(_for_this_request(details, scope))
+            with contextlib.suppress(Exception):  # a client already gone
+                await send({"type": "websocket.send", "text": json.dumps(event)})
+                await send({"type": "websocket.close", "code": WS_CLOSE_TOO_BIG})
+            closed = {"type": "websocket.disconnect", "code": WS_CLOSE_TOO_BIG}
+            return closed
+
+        return receive_limited
 
     async def _call(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = False
@@ -666,14 +736,19 @@ async def _outer_safety_net(request: Request, exc: Exception) -> Response:
 
 
 def install_error_handling(
-    app: FastAPI, *, mode: Mode = "strict", max_request_bytes: int | None = None
+    app: FastAPI,
+    *,
+    mode: Mode = "strict",
+    max_request_bytes: int | None = None,
+    max_ws_message_bytes: int | None = None,
 ) -> None:
     """Install the boundary, the framework handlers and the outer safety net.
 
     Idempotent. ``mode="legacy"`` enables upstream's raw-exception fallbacks
     (``ValueError``/``TypeError``/``OverflowError`` → 400,
     ``NotImplementedError`` → 501), each hit counted and logged by raise site.
-    ``max_request_bytes`` bounds every request body (413 past it).
+    ``max_request_bytes`` bounds every request body (413 past it),
+    ``max_ws_message_bytes`` every WebSocket message (413 event, close 1009).
     """
     if mode not in _MODES:
         raise RuntimeError(f"error mode must be one of {_MODES}, got {mode!r}")
@@ -682,7 +757,12 @@ def install_error_handling(
         m for m in app.user_middleware if m.cls is not ErrorBoundary
     ]
     app.user_middleware.append(
-        Middleware(ErrorBoundary, mode=mode, max_request_bytes=max_request_bytes)
+        Middleware(
+            ErrorBoundary,
+            mode=mode,
+            max_request_bytes=max_request_bytes,
+            max_ws_message_bytes=max_ws_message_bytes,
+        )
     )
     app.router.default = _not_found
     app.add_exception_handler(

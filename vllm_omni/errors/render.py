@@ -21,6 +21,7 @@ __all__ = [
     "REQUEST_ID_HEADER",
     "RETRY_AFTER_HEADER",
     "RETRY_AFTER_S",
+    "WS_CLOSE_TOO_BIG",
     "error_body",
     "error_object",
     "http_error_response",
@@ -43,6 +44,8 @@ RETRY_AFTER_S = 1
 _WS_CLOSE_CLIENT = 1008
 _WS_CLOSE_SERVER = 1011
 _WS_CLOSE_TRY_AGAIN = 1013
+# After the error event for a client message over the size limit.
+WS_CLOSE_TOO_BIG = 1009
 
 
 def error_object(details: OmniErrorDetails) -> dict[str, Any]:

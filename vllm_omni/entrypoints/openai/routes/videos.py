@@ -32,6 +32,7 @@ import re
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
+from pydantic import BaseModel
 from starlette.datastructures import UploadFile
 from starlette.requests import HTTPConnection
 from starlette.responses import Response
@@ -194,10 +195,34 @@ def _page_args(request: Request) -> tuple[int, str | None, bool]:
     return limit, query.get("after"), order == "desc"
 
 
+class VideoCreateRequest(BaseModel):
+    """The create fields, for ``/openapi.json`` only: the route reads its body
+    itself (JSON or a form, see ``_create_fields``), with the checks above."""
+
+    prompt: str
+    model: str | None = None
+    seconds: str | None = None
+    size: str | None = None
+
+
+_CREATE_BODY = VideoCreateRequest.model_json_schema()
+
+
 # -- routes ----------------------------------------------------------------------
 
 
-@router.post("/v1/videos")
+@router.post(
+    "/v1/videos",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                media_type: {"schema": _CREATE_BODY}
+                for media_type in ("application/json", "multipart/form-data")
+            },
+        }
+    },
+)
 async def create_video(request: Request) -> dict[str, Any]:
     engine = engine_of(request)
     await engine.check_health()
