@@ -40,6 +40,8 @@ from tests.e2e.omni_server import (
 )
 from tests.e2e.servers import metric_samples, sample_delta, settled_samples
 
+pytestmark = pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")
+
 MODEL = "omni-reference"
 CHAT = "/v1/chat/completions"
 SPEECH = "/v1/audio/speech"
