@@ -324,6 +324,9 @@ def test_every_kind_of_response_has_one_request_id(omni_server: OmniServer) -> N
     with httpx.Client(base_url=base, headers=auth, timeout=30) as http:
         responses = {
             "chat": http.post(CHAT, json=chat),
+            "completion": http.post(
+                "/v1/completions", json={"model": MODEL, "prompt": "hello"}
+            ),
             "models": http.get("/v1/models"),
             "voices": http.get("/v1/audio/voices"),
             "speech": http.post(SPEECH, json={"input": "hi", "voice": "alloy"}),
@@ -342,6 +345,7 @@ def test_every_kind_of_response_has_one_request_id(omni_server: OmniServer) -> N
     statuses = {name: response.status_code for name, response in responses.items()}
     assert statuses == {
         "chat": 200,
+        "completion": 200,
         "models": 200,
         "voices": 200,
         "speech": 200,
@@ -363,6 +367,7 @@ def test_every_kind_of_response_has_one_request_id(omni_server: OmniServer) -> N
             assert response.json()["error"]["request_id"] == ids[name], name
     # The body's id names the request: chatcmpl-<X-Request-Id>.
     assert responses["chat"].json()["id"] == f"chatcmpl-{ids['chat']}"
+    assert responses["completion"].json()["id"] == f"cmpl-{ids['completion']}"
     first = json.loads(frames[0].removeprefix("data: "))
     assert first["id"] == f"chatcmpl-{ids['sse']}"
     assert frames[-1] == "data: [DONE]"
