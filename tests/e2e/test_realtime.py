@@ -2,11 +2,12 @@
 fault markers, guardrail), a real ``websockets`` client, real metrics.
 
 What is pinned (DESIGN §4, WebSocket): a denied handshake carries the
-canonical status and body (401 wrong key, 503 no text stage); a text and a
-text+audio response stream; a malformed event gets one error event with its
-``event_id`` and the session goes on; a failed response sends one error
-event and closes 1011 (server) or 1008 (client); a client that leaves
-mid-response aborts the request and is not counted as an error.
+canonical status and body (401 wrong key, 503 no text stage) and the retry
+guidance headers; a text and a text+audio response stream; a malformed event
+gets one error event with its ``event_id`` and the session goes on; a failed
+response sends one error event, whose ``retryable`` is the retry guidance,
+and closes 1011 (server) or 1008 (client); a client that leaves mid-response
+aborts the request and is not counted as an error.
 """
 
 from __future__ import annotations
@@ -179,6 +180,7 @@ def test_malformed_events_then_a_valid_one(
             "param": param,
             "code": 400,
             "request_id": session_id,
+            "retryable": False,
         }, name
     ws.send(b"binary frame")
     assert _recv(ws)["error"]["code"] == 400
@@ -209,6 +211,7 @@ def test_stage_failure_closes_1011(session: tuple[ClientConnection, str]) -> Non
         "request_id": session_id,
         "stage_id": 1,
         "error_stage_id": 1,
+        "retryable": True,
     }
     assert _closed_code(ws) == 1011
 
@@ -223,6 +226,7 @@ def test_guardrail_closes_1008(session: tuple[ClientConnection, str]) -> None:
         400,
     )
     assert error["error"]["stage_id"] == 0
+    assert error["error"]["retryable"] is False
     assert "forbidden-topic" not in error["error"]["message"]
     assert _closed_code(ws) == 1008
 
@@ -236,6 +240,7 @@ def test_unavailable_closes_1013(session: tuple[ClientConnection, str]) -> None:
         "ServiceUnavailableError",
         503,
     )
+    assert error["error"]["retryable"] is True
     assert _closed_code(ws) == 1013
 
 
@@ -246,6 +251,7 @@ def test_stage_parameter_rejection_closes_1008(
     _create(ws, "p1", instructions="x", max_tokens=100_000)
     error = _until_done(ws)[-1]["error"]
     assert (error["code"], error["param"], error["stage_id"]) == (400, "max_tokens", 1)
+    assert error["retryable"] is False
     assert _closed_code(ws) == 1008
 
 
@@ -270,6 +276,7 @@ def test_wrong_api_key_denies_the_handshake(
             "request_id": response.headers["x-request-id"],
         }
     }
+    assert response.headers["x-should-retry"] == "false"
 
 
 def test_pipeline_without_text_stage_denies_503() -> None:
@@ -284,6 +291,8 @@ def test_pipeline_without_text_stage_denies_503() -> None:
     assert response.status_code == 503
     error = json.loads(response.body)["error"]
     assert (error["type"], error["code"]) == ("ServiceUnavailableError", 503)
+    assert response.headers["x-should-retry"] == "true"
+    assert response.headers["retry-after"] == "1"
 
 
 class _VideoOnlyEngine:

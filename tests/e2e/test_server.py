@@ -433,6 +433,8 @@ def test_stream_fault_after_first_chunk_is_one_error_event(
         "request_id": body["request_id"],  # type: ignore[index]
         "stage_id": 2,
         "error_stage_id": 2,
+        # After the 200's headers, the event carries the retry guidance.
+        "retryable": True,
     }
     after = settled_samples(
         omni_server.base_url, before, "http_requests_total", 1, handler=CHAT

@@ -19,10 +19,14 @@ route exception is rendered *inside* the instrumentator, which then records
 the status the client really got. Framework errors are raised inside
 ``ExceptionMiddleware`` and rendered by handlers registered there, also inside.
 
-The boundary owns: request ids (the client's ``X-Request-Id`` names every
-error response), logging (5xx with traceback, 4xx at INFO; overload
-refusals, refusals by a dead engine and replayed job errors at INFO without
-traceback), legacy-fallback accounting, stage-aware termination on engine
+The boundary owns: request ids (exactly one ``X-Request-Id`` on every HTTP
+response and accepted WebSocket handshake, success or error: the client's
+when it is a safe token, else a new one; error responses get it from the
+renderer, every other response start from the boundary), logging (5xx with
+traceback, 4xx at INFO; overload refusals, refusals by a dead engine and
+replayed job errors at INFO without traceback), retry guidance for replayed
+job errors (``x-should-retry: false``: a repeat reads the same stored
+record), legacy-fallback accounting, stage-aware termination on engine
 death, the request body limit (413 while the body is read, before anything
 parses it), the WebSocket message limit (a 413 error event and close 1009
 instead of the message) and client disconnects. The framework handlers put ``Allow`` on
@@ -121,6 +125,9 @@ _START_MESSAGES = frozenset(
         "websocket.http.response.start",
     }
 )
+# Start messages that carry response headers (a close frame has none).
+_HEADER_STARTS = _START_MESSAGES - {"websocket.close"}
+_REQUEST_ID = b"x-request-id"
 
 
 def request_id_of(conn: HTTPConnection) -> str:
@@ -152,6 +159,17 @@ def _incoming_request_id(scope: Scope) -> str:
                 return accepted
             break
     return _new_request_id()
+
+
+def _with_request_id(message: Message, scope: Scope) -> Message:
+    """``message`` (a response start) with this request's ``X-Request-Id``,
+    unless it already has one (error responses: the renderer put it there)."""
+    headers = message.get("headers") or []
+    for name, _ in headers:
+        if name.lower() == _REQUEST_ID:
+            return message
+    request_id = scope_request_id(scope).encode()
+    return {**message, "headers": [*headers, (_REQUEST_ID, request_id)]}
 
 
 def _for_this_request(details: OmniErrorDetails, scope: Scope) -> OmniErrorDetails:
@@ -207,9 +225,15 @@ _FALLBACKS = _FallbackLog()
 
 def replayed(exc: BaseException) -> BaseException:
     """Mark an exception rebuilt from a stored record (a failed job read back):
-    it was logged when it happened, so reading it back logs at INFO."""
+    it was logged when it happened, so reading it back logs at INFO, and a
+    repeat would read the same record, so its response says
+    ``x-should-retry: false``."""
     setattr(exc, _REPLAYED, True)
     return exc
+
+
+def _is_replayed(exc: BaseException | None) -> bool:
+    return exc is not None and getattr(exc, _REPLAYED, False) is True
 
 
 def _quiet_reason(exc: BaseException | None) -> str | None:
@@ -222,7 +246,7 @@ def _quiet_reason(exc: BaseException | None) -> str | None:
         return "overload"
     if isinstance(exc, EngineDeadError):
         return "engine dead"  # the death itself was logged once, CRITICAL
-    if exc is not None and getattr(exc, _REPLAYED, False):
+    if _is_replayed(exc):
         return "stored job error"
     return None
 
@@ -445,7 +469,7 @@ class ErrorBoundary:
                 {
                     "type": "http.response.start",
                     "status": CLIENT_CLOSED_REQUEST,
-                    "headers": [],
+                    "headers": [(_REQUEST_ID, scope_request_id(scope).encode())],
                 }
             )
             await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -489,11 +513,13 @@ class ErrorBoundary:
         started = False
 
         async def send_tracked(message: Message) -> None:
-            # Only notes whether the response has started; error responses
-            # carry X-Request-Id because the renderers put it there.
+            # Notes whether the response has started, and names it: one
+            # lookup and one header per response, nothing per body chunk.
             nonlocal started
             if not started and message["type"] in _START_MESSAGES:
                 started = True
+                if message["type"] in _HEADER_STARTS:
+                    message = _with_request_id(message, scope)
             await send(message)
 
         try:
@@ -520,7 +546,8 @@ class ErrorBoundary:
                     )
                 return
             if scope["type"] == "http":
-                await http_error_response(details)(scope, receive, send)
+                response = http_error_response(details, replayed=_is_replayed(exc))
+                await response(scope, receive, send)
             else:
                 await deny_websocket(scope, send, details)
 
