@@ -181,11 +181,13 @@ def _run(args: argparse.Namespace) -> int:
         from vllm_omni.errors.audit import migrate
 
         if args.fix:
-            fixed = migrate.fix(scanned, report, cache)
+            fixed = migrate.fix(scanned, report, cache, jobs=args.jobs)
             report = scanned.report(allowlist)
             _tell(fixed, "fixed", report)
         if args.suggest:
-            offered = migrate.suggest(scanned, report, offers=args.format == "sarif")
+            offered = migrate.suggest(
+                scanned, report, offers=args.format == "sarif", jobs=args.jobs
+            )
             report.offers = offered.offers
             patch = None if args.format == "sarif" else offered.patch
             _tell(offered, "offered" if patch is None else "suggested", None)
@@ -204,10 +206,11 @@ def _run(args: argparse.Namespace) -> int:
 def _tell(outcome: migrate.Outcome, verb: str, after: Report | None) -> None:
     """What a --fix or --suggest run did, and each site it left with why;
     after a fix, at the site's place in the fixed file."""
+    where = f" in {len(outcome.files)} files" if verb != "offered" else ""
     left = "" if after is None else f"; {len(after.findings)} findings remain"
     _say(
-        f"{verb} {len(outcome.done)} sites in {len(outcome.files) or 'no'} files"
-        f"{left}; {len(outcome.skipped)} left for a person"
+        f"{verb} {len(outcome.done)} sites{where}{left}; "
+        f"{len(outcome.skipped)} left for a person"
     )
     moved = {} if after is None else {f.fingerprint: f for f in after.findings}
     skipped = [

@@ -25,7 +25,7 @@ import ast
 import json
 import re
 from bisect import bisect_right
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import TypeVar
@@ -48,6 +48,9 @@ _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 _NO_SPACE = cst.SimpleWhitespace("")
 _EQUAL = cst.AssignEqual(whitespace_before=_NO_SPACE, whitespace_after=_NO_SPACE)
 _CLIENT_BASE = "VLLMClientError"
+# What a line the rewrites write from scratch may hold (ruff's and black's
+# default).
+_LINE_LENGTH = 88
 _Item = TypeVar("_Item", cst.Arg, cst.Element, cst.ImportAlias)
 
 
@@ -105,14 +108,13 @@ def edits(plan: FilePlan, rewrites: Sequence[Rewrite], *, unbind: bool) -> list[
     ``unbind``, also the removal of imports nothing uses any more."""
     text = Text(plan.text)
     changes = [_edit(text, rewrite) for rewrite in rewrites]
-    used: set[str] | None = None
+    unused: set[str] = set()
     if unbind:
-        try:
-            rewritten = ast.parse(apply(plan.text, changes))
-        except SyntaxError as exc:
-            raise RewriteError(f"the rewritten file does not parse: {exc}") from exc
-        used = _used_names(rewritten)
-    changes += _import_edits(text, plan.tree, rewrites, used)
+        candidates = {name for rewrite in rewrites for name in rewrite.unbinds}
+        unused = {
+            name for name in candidates if not _read(text, plan.tree, name, changes)
+        }
+    changes += _import_edits(text, plan.tree, rewrites, unused)
     changes.sort()
     for before, after in pairwise(changes):
         if after.start < before.end:
@@ -167,7 +169,66 @@ def _edit(text: Text, rewrite: Rewrite) -> Edit:
     start, end = text.span(target)
     module, expression = _parse_expression(text.text[start:end])
     new = _rewrite(module, expression, action, text)
-    return Edit(start, end, module.code_for_node(new))
+    code = module.code_for_node(new)
+    if isinstance(new, cst.Call) and isinstance(action, WrapModel):
+        # A call this rewrite writes from scratch is laid out the way a
+        # formatter would: one argument per line when the line is too long.
+        line = bisect_right(text.starts, start)
+        before = text.text[text.starts[line - 1] : start]
+        after = text.text[end:].split("\n", 1)[0]
+        if len(before) + len(code) + len(after) > _LINE_LENGTH:
+            indent = before[: len(before) - len(before.lstrip())]
+            code = module.code_for_node(_one_per_line(new, indent))
+    return Edit(start, end, code)
+
+
+def _one_per_line(call: cst.Call, indent: str) -> cst.Call:
+    inner = _line_break(indent + "    ")
+    last = len(call.args) - 1
+    args = [
+        arg.with_changes(
+            comma=cst.Comma(
+                whitespace_after=inner if i < last else _line_break(indent)
+            ),
+            whitespace_after_arg=_NO_SPACE,
+        )
+        for i, arg in enumerate(call.args)
+    ]
+    return call.with_changes(whitespace_before_args=inner, args=args)
+
+
+def _line_break(indent: str) -> cst.ParenthesizedWhitespace:
+    return cst.ParenthesizedWhitespace(
+        first_line=cst.TrailingWhitespace(),
+        empty_lines=[],
+        indent=False,
+        last_line=cst.SimpleWhitespace(indent),
+    )
+
+
+def _import_code(printer: cst.Module, node: cst.ImportFrom) -> str:
+    """A top-level ``from`` import; in parentheses, one name per line, when
+    one line would be too long."""
+    code = printer.code_for_node(node)
+    if node.lpar is not None or len(code) <= _LINE_LENGTH:
+        return code
+    names = list(node.names)
+    return printer.code_for_node(
+        node.with_changes(
+            lpar=cst.LeftParen(whitespace_after=_line_break("    ")),
+            names=[
+                alias.with_changes(
+                    comma=cst.Comma(
+                        whitespace_after=_line_break(
+                            "    " if i < len(names) - 1 else ""
+                        )
+                    )
+                )
+                for i, alias in enumerate(names)
+            ],
+            rpar=cst.RightParen(),
+        )
+    )
 
 
 def _rewrite(
@@ -443,18 +504,15 @@ def _import_edits(
     text: Text,
     tree: ast.Module,
     rewrites: Sequence[Rewrite],
-    used: set[str] | None,
+    unused: set[str],
 ) -> list[Edit]:
     needed: dict[str, set[str]] = {}
     for rewrite in rewrites:
         for module, name in rewrite.imports:
             needed.setdefault(module, set()).add(name)
-    unused = (
-        set() if used is None else {name for r in rewrites for name in r.unbinds} - used
-    )
     # Per import statement: the names to drop and to add.
     drops: dict[ast.stmt, set[str]] = {}
-    for stmt in ast.walk(tree):
+    for stmt in _every_statement(tree.body):
         if isinstance(stmt, ast.Import | ast.ImportFrom):
             names = {_bound(stmt, alias) for alias in stmt.names} & unused
             if names:
@@ -489,6 +547,15 @@ def _import_edits(
     if new_lines:
         changes.append(_new_imports(text, tree, new_lines))
     return changes
+
+
+def _every_statement(body: Sequence[ast.stmt]) -> Iterator[ast.stmt]:
+    """Every statement, in functions and classes too (imports are
+    statements: no expression needs walking)."""
+    for stmt in body:
+        yield stmt
+        for block in _blocks(stmt):
+            yield from _every_statement(block)
 
 
 def _bound(stmt: ast.Import | ast.ImportFrom, alias: ast.alias) -> str:
@@ -541,7 +608,10 @@ def _import_edit(
     if isinstance(node, cst.Import) or node.lpar is None:
         # Without parentheses an import cannot end in a comma.
         kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
-        return Edit(start, end, module.code_for_node(node.with_changes(names=kept)))
+        changed = node.with_changes(names=kept)
+        if isinstance(changed, cst.ImportFrom) and add:
+            return Edit(start, end, _import_code(module, changed))
+        return Edit(start, end, module.code_for_node(changed))
     parenthesis = node.lpar.with_changes(whitespace_after=lead)
     return Edit(
         start,
@@ -592,12 +662,11 @@ def _delete_statement(text: Text, tree: ast.Module, stmt: ast.stmt) -> Edit | No
     block = next(
         (
             body
-            for parent in ast.walk(tree)
-            for name in ("body", "orelse", "finalbody")
-            for body in [getattr(parent, name, None)]
-            if isinstance(body, list) and any(s is stmt for s in body)
+            for parent in _every_statement(tree.body)
+            for body in _blocks(parent)
+            if any(s is stmt for s in body)
         ),
-        None,
+        tree.body if any(s is stmt for s in tree.body) else None,
     )
     if block is not tree.body and (block is None or len(block) < 2):
         return None
@@ -633,16 +702,14 @@ def _new_imports(text: Text, tree: ast.Module, lines: dict[str, list[str]]) -> E
         anchor = body[0]
     printer = cst.Module(body=[], default_newline=text.newline)
     code = "".join(
-        printer.code_for_node(
-            cst.SimpleStatementLine(
-                body=[
-                    cst.ImportFrom(
-                        module=_dotted(module),
-                        names=[cst.ImportAlias(name=cst.Name(n)) for n in names],
-                    )
-                ]
-            )
+        _import_code(
+            printer,
+            cst.ImportFrom(
+                module=_dotted(module),
+                names=[cst.ImportAlias(name=cst.Name(n)) for n in names],
+            ),
         )
+        + text.newline
         for module, names in lines.items()
     )
     if anchor is None:
@@ -671,36 +738,109 @@ def _dotted(module: str) -> cst.Attribute | cst.Name:
     return node
 
 
-def _used_names(tree: ast.Module) -> set[str]:
-    """Names read anywhere in ``tree``: loads, string annotations, and the
-    strings of a module-level ``__all__``."""
-    used: set[str] = set()
-    annotations: list[ast.expr] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Store):
-            used.add(node.id)
-        elif isinstance(node, ast.arg | ast.AnnAssign) and node.annotation is not None:
-            annotations.append(node.annotation)
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.returns:
-            annotations.append(node.returns)
-    for annotation in annotations:
-        for sub in ast.walk(annotation):
-            if isinstance(sub, ast.Constant) and isinstance(sub.value, str):
-                try:
-                    parsed = ast.parse(sub.value, mode="eval")
-                except SyntaxError:
-                    continue
-                used |= {n.id for n in ast.walk(parsed) if isinstance(n, ast.Name)}
-    for stmt in tree.body:
-        if (
-            isinstance(stmt, ast.Assign | ast.AugAssign | ast.AnnAssign)
-            and stmt.value is not None
-        ):
-            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-            if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
-                used |= {
-                    n.value
-                    for n in ast.walk(stmt.value)
-                    if isinstance(n, ast.Constant) and isinstance(n.value, str)
-                }
-    return used
+def _read(text: Text, tree: ast.Module, name: str, changes: Sequence[Edit]) -> bool:
+    """Whether ``name`` is still read once ``changes`` are made: a load of
+    it outside the rewritten spans, in a string annotation, or in a
+    module-level ``__all__``. Only the statements on the lines where the
+    word occurs are looked at."""
+    spans = [(change.start, change.end) for change in changes]
+    pattern = re.compile(rf"(?<![\w.]){re.escape(name)}\b")
+    for match in pattern.finditer(text.text):
+        if any(start <= match.start() < end for start, end in spans):
+            continue
+        line = bisect_right(text.starts, match.start())
+        stmt = _statement_at(tree.body, line)
+        if stmt is None:
+            continue
+        if any(stmt is top for top in tree.body) and _is_all(stmt):
+            return True
+        for node in _header(stmt):
+            for sub in ast.walk(node):
+                if (
+                    isinstance(sub, ast.Name)
+                    and sub.id == name
+                    and not isinstance(sub.ctx, ast.Store)
+                    and sub.lineno == line
+                ):
+                    start = text.offset(sub.lineno, sub.col_offset)
+                    if not any(s <= start < e for s, e in spans):
+                        return True
+        if any(_annotation_reads(a, name) for a in _annotations(stmt)):
+            return True
+    return False
+
+
+def _statement_at(body: Sequence[ast.stmt], line: int) -> ast.stmt | None:
+    """The innermost statement of ``body`` whose lines hold ``line``."""
+    for stmt in body:
+        first = min([stmt.lineno, *(d.lineno for d in _decorators(stmt))])
+        if not first <= line <= (stmt.end_lineno or stmt.lineno):
+            continue
+        for block in _blocks(stmt):
+            inner = _statement_at(block, line)
+            if inner is not None:
+                return inner
+        return stmt
+    return None
+
+
+def _blocks(stmt: ast.stmt) -> list[list[ast.stmt]]:
+    blocks = [getattr(stmt, name, None) for name in ("body", "orelse", "finalbody")]
+    blocks += [part.body for part in getattr(stmt, "handlers", [])]
+    blocks += [part.body for part in getattr(stmt, "cases", [])]
+    return [block for block in blocks if isinstance(block, list)]
+
+
+def _header(stmt: ast.stmt) -> list[ast.AST]:
+    """What ``stmt`` holds besides its blocks: its expressions, decorators,
+    arguments, the types its handlers catch, its cases' patterns."""
+    nodes: list[object] = []
+    for name, value in ast.iter_fields(stmt):
+        if name not in ("body", "orelse", "finalbody", "handlers", "cases"):
+            nodes += value if isinstance(value, list) else [value]
+    for handler in getattr(stmt, "handlers", []):
+        nodes.append(handler.type)
+    for case in getattr(stmt, "cases", []):
+        nodes += [case.pattern, case.guard]
+    return [node for node in nodes if isinstance(node, ast.AST)]
+
+
+def _annotations(stmt: ast.stmt) -> list[ast.expr | None]:
+    if isinstance(stmt, ast.AnnAssign):
+        return [stmt.annotation]
+    if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef):
+        arguments = stmt.args
+        every = [
+            *arguments.posonlyargs,
+            *arguments.args,
+            *arguments.kwonlyargs,
+            arguments.vararg,
+            arguments.kwarg,
+        ]
+        return [stmt.returns, *(a.annotation for a in every if a is not None)]
+    return []
+
+
+def _decorators(stmt: ast.stmt) -> list[ast.expr]:
+    return getattr(stmt, "decorator_list", [])
+
+
+def _annotation_reads(annotation: ast.expr | None, name: str) -> bool:
+    """A string annotation (``-> "Name"``, ``x: "Name"``) naming ``name``."""
+    if not (isinstance(annotation, ast.Constant) and isinstance(annotation.value, str)):
+        return False
+    try:
+        parsed = ast.parse(annotation.value, mode="eval")
+    except SyntaxError:
+        return False
+    return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(parsed))
+
+
+def _is_all(stmt: ast.stmt) -> bool:
+    if isinstance(stmt, ast.Assign):
+        targets = stmt.targets
+    elif isinstance(stmt, ast.AugAssign | ast.AnnAssign):
+        targets = [stmt.target]
+    else:
+        return False
+    return any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets)

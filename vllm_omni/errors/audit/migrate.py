@@ -14,13 +14,15 @@ reads it), or, for SARIF, each finding's rewrite as an offer.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import os
 import re
 import stat
 import tempfile
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,61 +46,79 @@ from vllm_omni.errors.audit.runner import (
     _digest,
     file_findings,
 )
-from vllm_omni.errors.audit.scanner import FileResult, scan
+from vllm_omni.errors.audit.scanner import FileResult, scan_parsed
 from vllm_omni.errors.audit.usage import AuditUsageError
 
 _LINES = re.compile(rb"(?<=\n)")
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """A finding rewritten (``--fix``) or offered (``--suggest``)."""
+
+    finding: ReportedFinding
+    description: str
 
 
 @dataclass(slots=True)
 class Outcome:
     """What a run rewrote (or offered), what it left, and why."""
 
-    done: list[Rewrite] = field(default_factory=list)
+    done: list[Done] = field(default_factory=list)
     skipped: list[Skip] = field(default_factory=list)
     files: list[SourceFile] = field(default_factory=list)
     patch: bytes = b""
     offers: dict[str, Offer] = field(default_factory=dict)
 
 
-def fix(scanned: Scanned, report: Report, cache: ScanCache | None) -> Outcome:
+@dataclass(slots=True)
+class _FileOutcome:
+    """One file's part of an ``Outcome``; picklable (no syntax trees)."""
+
+    index: int
+    done: list[Done] = field(default_factory=list)
+    skipped: list[Skip] = field(default_factory=list)
+    # The rewritten file and its audit, when anything was rewritten.
+    data: bytes | None = None
+    result: FileResult | None = None
+    patch: bytes = b""
+    offers: dict[str, Offer] = field(default_factory=dict)
+
+
+def fix(
+    scanned: Scanned, report: Report, cache: ScanCache | None, *, jobs: int
+) -> Outcome:
     """Apply the rewrites that need no judgement, in place; ``scanned``
     then holds the rewritten files' results (rebuild the report from it)."""
     outcome = Outcome()
-    for index, plan in _plans(scanned, report, frozenset({"fix"}), outcome):
-        done, checked = _perform(plan, plan.rewrites, outcome)
-        if checked is None:
+    for part in _each_file(scanned, report, frozenset({"fix"}), jobs, _fix_file):
+        _merge(outcome, part)
+        if part.data is None or part.result is None:
             continue
-        data, result = checked
-        _write(plan.source.path, data)
-        scanned.results[index] = result
+        source = scanned.files[part.index]
+        _write(source.path, part.data)
+        scanned.results[part.index] = part.result
+        outcome.files.append(source)
         if cache is not None:
-            cache.put(_digest(data), result)
-        outcome.done += done
-        outcome.files.append(plan.source)
+            cache.put(_digest(part.data), part.result)
     if cache is not None:
         cache.save()
     return outcome
 
 
-def suggest(scanned: Scanned, report: Report, *, offers: bool) -> Outcome:
+def suggest(scanned: Scanned, report: Report, *, offers: bool, jobs: int) -> Outcome:
     """The rewrites that need a person, as a unified diff; with ``offers``,
     instead every finding's rewrite (both kinds) as a SARIF offer."""
     outcome = Outcome()
     kinds: frozenset[Kind] = frozenset({"suggest", "fix"} if offers else {"suggest"})
+    task = _offer_file if offers else _suggest_file
     patch: list[bytes] = []
-    for _, plan in _plans(scanned, report, kinds, outcome):
-        if offers:
-            _offer(plan, outcome)
-            continue
-        done, checked = _perform(plan, plan.rewrites, outcome)
-        if checked is None:
-            continue
-        outcome.done += done
-        outcome.files.append(plan.source)
-        patch.append(
-            unified_diff(_label(plan.source, scanned.project), plan.data, checked[0])
-        )
+    for part in _each_file(scanned, report, kinds, jobs, task):
+        _merge(outcome, part)
+        outcome.offers.update(part.offers)
+        if part.patch:
+            patch.append(part.patch)
+            outcome.files.append(scanned.files[part.index])
     outcome.patch = b"".join(patch)
     return outcome
 
@@ -120,52 +140,115 @@ def unified_diff(label: bytes, old: bytes, new: bytes) -> bytes:
     )
 
 
-def _plans(
-    scanned: Scanned, report: Report, kinds: frozenset[Kind], outcome: Outcome
-) -> list[tuple[int, FilePlan]]:
-    """The plan of every file with findings of the rules ``kinds`` rewrite;
-    files that cannot be planned add their skips to ``outcome``."""
+_Task = Callable[[FilePlan, str], _FileOutcome]
+
+
+def _each_file(
+    scanned: Scanned,
+    report: Report,
+    kinds: frozenset[Kind],
+    jobs: int,
+    task: _Task,
+) -> list[_FileOutcome]:
+    """``task`` on the plan of every file with findings of the rules
+    ``kinds`` rewrite, in a process pool when there are several."""
     wanted = frozenset().union(*(KIND_RULES[kind] for kind in kinds))
     by_file: dict[str, list[ReportedFinding]] = defaultdict(list)
     for finding in report.findings:
         if finding.rule in wanted:
             by_file[finding.relative].append(finding)
-    models = ModelIndex()
-    plans = []
-    for index, source in enumerate(scanned.files):
-        findings = by_file.get(source.relative)
-        if not findings:
+    work = [
+        (index, source, by_file[source.relative], kinds, task, scanned.project)
+        for index, source in enumerate(scanned.files)
+        if source.relative in by_file
+    ]
+    if jobs < 2 or len(work) < 2:
+        return [_plan_and_run(*item) for item in work]
+    with ProcessPoolExecutor(max_workers=min(jobs, len(work))) as pool:
+        # Largest files first: the pool's last task is then a short one.
+        work.sort(key=lambda item: -_size(item[1].path))
+        return list(pool.map(_plan_and_run, *zip(*work, strict=True)))
+
+
+def _plan_and_run(
+    index: int,
+    source: SourceFile,
+    findings: list[ReportedFinding],
+    kinds: frozenset[Kind],
+    task: _Task,
+    project: str,
+) -> _FileOutcome:
+    planned = plan_file(source, findings, kinds, ModelIndex())
+    if isinstance(planned, list):
+        return _FileOutcome(index, skipped=planned)
+    part = task(planned, project)
+    part.index = index
+    part.skipped[:0] = planned.skipped
+    return part
+
+
+def _fix_file(plan: FilePlan, project: str) -> _FileOutcome:
+    part = _FileOutcome(0)
+    if plan.rewrites:
+        done, checked = _perform(plan, plan.rewrites, part)
+        if checked is not None:
+            part.done = done
+            part.data, part.result = checked
+    return part
+
+
+def _suggest_file(plan: FilePlan, project: str) -> _FileOutcome:
+    part = _fix_file(plan, project)
+    if part.data is not None:
+        part.patch = unified_diff(_label(plan.source, project), plan.data, part.data)
+        part.data = part.result = None
+    return part
+
+
+def _offer_file(plan: FilePlan, project: str) -> _FileOutcome:
+    """Each rewrite alone, checked, as a SARIF offer (the imports it needs
+    included; none removed, since the other offers may still use them)."""
+    part = _FileOutcome(0)
+    for rewrite in plan.rewrites:
+        checked = _check(plan, [rewrite], unbind=False)
+        if isinstance(checked, str):
+            part.skipped.append(Skip(rewrite.finding, checked))
             continue
-        planned = plan_file(source, findings, kinds, models)
-        if isinstance(planned, list):
-            outcome.skipped += planned
-            continue
-        outcome.skipped += planned.skipped
-        if planned.rewrites:
-            plans.append((index, planned))
-    return plans
+        changes = codemod.edits(plan, [rewrite], unbind=False)
+        part.offers[rewrite.finding.fingerprint] = Offer(
+            rewrite.description,
+            rewrite.kind == "fix",
+            codemod.replacements(plan, changes),
+        )
+        part.done.append(Done(rewrite.finding, rewrite.description))
+    return part
+
+
+def _merge(outcome: Outcome, part: _FileOutcome) -> None:
+    outcome.done += part.done
+    outcome.skipped += part.skipped
 
 
 def _perform(
-    plan: FilePlan, rewrites: Sequence[Rewrite], outcome: Outcome
-) -> tuple[list[Rewrite], tuple[bytes, FileResult] | None]:
+    plan: FilePlan, rewrites: Sequence[Rewrite], part: _FileOutcome
+) -> tuple[list[Done], tuple[bytes, FileResult] | None]:
     """The rewrites that pass the checks and the file they make: all at
     once, else those that pass alone, if they also pass together."""
     checked = _check(plan, rewrites)
-    if not isinstance(checked, str):
-        return list(rewrites), checked
-    kept = []
-    for rewrite in rewrites:
-        alone = _check(plan, [rewrite])
-        if isinstance(alone, str):
-            outcome.skipped.append(Skip(rewrite.finding, alone))
-        else:
-            kept.append(rewrite)
-    together = _check(plan, kept) if kept else "nothing left to rewrite"
-    if isinstance(together, str):
-        outcome.skipped += [Skip(r.finding, together) for r in kept]
-        return [], None
-    return kept, together
+    if isinstance(checked, str):
+        kept = []
+        for rewrite in rewrites:
+            alone = _check(plan, [rewrite])
+            if isinstance(alone, str):
+                part.skipped.append(Skip(rewrite.finding, alone))
+            else:
+                kept.append(rewrite)
+        checked = _check(plan, kept) if kept else "nothing left to rewrite"
+        if isinstance(checked, str):
+            part.skipped += [Skip(r.finding, checked) for r in kept]
+            return [], None
+        rewrites = kept
+    return [Done(r.finding, r.description) for r in rewrites], checked
 
 
 def _check(
@@ -180,10 +263,11 @@ def _check(
     except UnicodeEncodeError as exc:
         return f"the rewrite cannot be written as {plan.encoding}: {exc.reason}"
     try:
-        compile(data, str(plan.source.path), "exec", dont_inherit=True)
-    except (SyntaxError, ValueError) as exc:
-        return f"the rewritten file does not compile: {exc}"
-    result = scan(data)
+        # One parse checks the syntax and is audited: the same findings as
+        # ``scan`` (which parses a skeleton), without a second parse.
+        result = scan_parsed(data, ast.parse(data))
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        return f"the rewritten file does not parse: {exc}"
     expected = plan.fingerprints - {r.finding.fingerprint for r in rewrites}
     found = {f.fingerprint for _, f in file_findings(plan.source, result.findings)}
     if found != expected:
@@ -196,23 +280,6 @@ def _check(
     return data, result
 
 
-def _offer(plan: FilePlan, outcome: Outcome) -> None:
-    """Each rewrite alone, checked, as a SARIF offer (imports it needs
-    included; none removed, since the other offers may still use them)."""
-    for rewrite in plan.rewrites:
-        checked = _check(plan, [rewrite], unbind=False)
-        if isinstance(checked, str):
-            outcome.skipped.append(Skip(rewrite.finding, checked))
-            continue
-        changes = codemod.edits(plan, [rewrite], unbind=False)
-        outcome.offers[rewrite.finding.fingerprint] = Offer(
-            rewrite.description,
-            rewrite.kind == "fix",
-            codemod.replacements(plan, changes),
-        )
-        outcome.done.append(rewrite)
-
-
 def _label(source: SourceFile, project: str) -> bytes:
     """The path a patch names: relative to the current directory, where
     ``git apply`` runs, or else to the project root."""
@@ -221,6 +288,13 @@ def _label(source: SourceFile, project: str) -> bytes:
     if relative.startswith(os.pardir):
         relative = os.path.relpath(path, project)
     return os.fsencode(relative).replace(os.sep.encode(), b"/")
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _write(path: Path, data: bytes) -> None:

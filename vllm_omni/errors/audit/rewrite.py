@@ -42,9 +42,11 @@ import builtins
 import io
 import re
 import tokenize
+from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
+from itertools import pairwise
 from pathlib import Path
 from typing import Literal
 
@@ -260,11 +262,9 @@ class _Context:
         self._scanner = scanner
         self._models = models
         tree = plan.tree
-        self._parents: dict[ast.AST, ast.AST] = {
-            child: parent
-            for parent in ast.walk(tree)
-            for child in ast.iter_child_nodes(parent)
-        }
+        # Parents of the nodes on the paths to the findings' nodes, found on
+        # demand (a parent map of a whole large file costs more than a plan).
+        self._parents: dict[ast.AST, ast.AST] = {}
         self._bindings = module_bindings(tree)
         # Handlers that are OMNI002 findings already (one more client error
         # raised in them adds no finding).
@@ -277,6 +277,15 @@ class _Context:
             origin.partition(".")[0] in rules.WEB_FRAMEWORKS
             for origin in self._bindings.values()
         )
+
+    def _parent(self, node: ast.AST) -> ast.AST | None:
+        if node not in self._parents:
+            path = _path(self._plan.tree, node)
+            if path is None:
+                return None
+            for parent, child in pairwise([self._plan.tree, *path]):
+                self._parents[child] = parent
+        return self._parents.get(node)
 
     # -- --fix ------------------------------------------------------------
 
@@ -292,7 +301,7 @@ class _Context:
     ) -> Rewrite | Skip:
         if not isinstance(node, ast.Call):
             return Skip(finding, "HTTPException is raised without a status")
-        raised = self._parents.get(node)
+        raised = self._parent(node)
         if not (isinstance(raised, ast.Raise) and raised.exc is node):
             return Skip(finding, "HTTPException(...) is built, not raised, here")
         arguments = [*node.args, *node.keywords]
@@ -511,7 +520,7 @@ class _Context:
         )
 
     def _needs_parentheses(self, node: ast.expr) -> bool:
-        parent = self._parents.get(node)
+        parent = self._parent(node)
         if isinstance(node, ast.Compare):
             return isinstance(parent, ast.Compare | ast.BinOp | ast.UnaryOp) and not (
                 isinstance(parent, ast.UnaryOp) and isinstance(parent.op, ast.Not)
@@ -651,7 +660,7 @@ class _Context:
         self, handler: ast.AST, suggested: dict[ast.AST, Rewrite]
     ) -> str | None:
         """Why ``handler``'s try body is not all client raises, or None."""
-        body = self._parents[handler]
+        body = self._parent(handler)
         assert isinstance(body, ast.Try | ast.TryStar)
         sites = [n for n in _walk(body.body) if isinstance(n, ast.Raise)]
         if not sites:
@@ -690,7 +699,7 @@ class _Context:
         new = rules.ancestors(rewrite.action.type_name)
         client = CLIENT_BASE in new
         child: ast.AST = node
-        parent = self._parents.get(child)
+        parent = self._parent(child)
         while parent is not None and not isinstance(parent, _SCOPES):
             if isinstance(parent, ast.Try | ast.TryStar) and any(
                 child is stmt for stmt in parent.body
@@ -719,7 +728,7 @@ class _Context:
                     f"a client error raised in the broad except at line "
                     f"{parent.lineno} makes it an OMNI002 finding"
                 )
-            child, parent = parent, self._parents.get(parent)
+            child, parent = parent, self._parent(parent)
         return None
 
     def _caught(
@@ -760,7 +769,7 @@ class _Context:
         """The request a raise sits at: the innermost enclosing function that
         takes an API request model or is a route, else a request model's own
         method."""
-        parent = self._parents.get(node)
+        parent = self._parent(node)
         while parent is not None:
             if isinstance(parent, _FUNCTIONS):
                 found = self._request_argument(parent)
@@ -778,7 +787,7 @@ class _Context:
                         ),
                     )
                 return None
-            parent = self._parents.get(parent)
+            parent = self._parent(parent)
         return None
 
     def _request_argument(
@@ -817,11 +826,11 @@ class _Context:
     # -- shared -------------------------------------------------------------
 
     def _function(self, node: ast.AST) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
-        parent = self._parents.get(node)
+        parent = self._parent(node)
         while parent is not None and not isinstance(parent, _FUNCTIONS):
             if isinstance(parent, ast.ClassDef | ast.Lambda):
                 return None
-            parent = self._parents.get(parent)
+            parent = self._parent(parent)
         return parent
 
     def _import(
@@ -950,6 +959,47 @@ def _walk(body: Sequence[ast.stmt]) -> Iterator[ast.AST]:
             for child in ast.iter_child_nodes(node)
             if not isinstance(child, _SCOPES)
         )
+
+
+def _path(root: ast.AST, target: ast.AST) -> list[ast.AST] | None:
+    """The nodes from ``root`` (excluded) down to ``target``, descending only
+    into nodes whose span (decorators included) holds ``target``'s; in a
+    block, only into the statement starting last before it."""
+    for _, value in ast.iter_fields(root):
+        children = value if isinstance(value, list) else [value]
+        if children and isinstance(children[0], ast.stmt) and hasattr(target, "lineno"):
+            starts = [_start(stmt) for stmt in children]
+            index = bisect_right(starts, (target.lineno, target.col_offset)) - 1
+            children = children[index : index + 1] if index >= 0 else []
+        for child in children:
+            if not isinstance(child, ast.AST):
+                continue
+            if child is target:
+                return [child]
+            if _holds(child, target):
+                below = _path(child, target)
+                if below is not None:
+                    return [child, *below]
+    return None
+
+
+def _start(node: ast.AST) -> tuple[int, int]:
+    """Where ``node``'s text starts: its first decorator, if it has one."""
+    return min(
+        [
+            (node.lineno, node.col_offset),
+            *((d.lineno, d.col_offset) for d in getattr(node, "decorator_list", ())),
+        ]
+    )
+
+
+def _holds(node: ast.AST, target: ast.AST) -> bool:
+    if not hasattr(node, "end_lineno") or not hasattr(target, "lineno"):
+        return True  # no position (arguments, comprehensions): look inside
+    return _start(node) <= (target.lineno, target.col_offset) and (
+        target.end_lineno,
+        target.end_col_offset,
+    ) <= (node.end_lineno, node.end_col_offset)
 
 
 def _value(argument: ast.expr | ast.keyword) -> ast.expr:
