@@ -212,7 +212,8 @@ def plan_file(
         return [Skip(f, exc.reason) for f in targets]
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return [
-            Skip(f, "the file does not parse; it is never rewritten") for f in targets
+            Skip(f, "the file does not parse as a whole, so it is never rewritten")
+            for f in targets
         ]
     sites = scanner.sites()
     reported = file_findings(source, [finding for finding, _ in sites])
