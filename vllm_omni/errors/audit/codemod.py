@@ -487,8 +487,8 @@ def _parse_expression(source: str) -> tuple[cst.Module, cst.BaseExpression]:
     around it (so a span across lines parses) are taken off again."""
     try:
         module = cst.parse_module(f"({source})")
-    except cst.ParserSyntaxError as exc:
-        raise RewriteError(f"LibCST cannot parse {source!r}: {exc}") from exc
+    except (cst.ParserSyntaxError, RecursionError) as exc:
+        raise RewriteError(f"LibCST cannot parse the expression: {exc}") from exc
     statement = module.body[0]
     assert isinstance(statement, cst.SimpleStatementLine)
     expression = statement.body[0]

@@ -86,6 +86,8 @@ _STRUCTURED = (
     ast.SetComp,
     ast.GeneratorExp,
 )
+# Shared leaf nodes without a position (``Load()``, ``Add()``, ...).
+_TOKENS = (ast.expr_context, ast.operator, ast.boolop, ast.unaryop, ast.cmpop)
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _QUOTES = "'\"`"
 _MODEL_DEPTH = 4
@@ -451,7 +453,7 @@ class _Context:
             truth = frozenset(
                 status for status in range(400, 600) if _evaluate(node, shape, status)
             )
-        except _NotStatic:
+        except (_NotStatic, RecursionError):
             return Skip(finding, "the guess is not a comparison of literals")
         category = next(
             (
@@ -965,23 +967,36 @@ def _walk(body: Sequence[ast.stmt]) -> Iterator[ast.AST]:
 def _path(root: ast.AST, target: ast.AST) -> list[ast.AST] | None:
     """The nodes from ``root`` (excluded) down to ``target``, descending only
     into nodes whose span (decorators included) holds ``target``'s; in a
-    block, only into the statement starting last before it."""
-    for _, value in ast.iter_fields(root):
+    block, only into the statement starting last before it. Iterative: a
+    left-nested expression thousands deep must not exhaust the stack."""
+    parents: dict[ast.AST, ast.AST] = {}
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        for child in _candidates(node, target):
+            parents[child] = node
+            if child is target:
+                chain = [child]
+                while parents[chain[-1]] is not root:
+                    chain.append(parents[chain[-1]])
+                return chain[::-1]
+            if _holds(child, target):
+                stack.append(child)
+    return None
+
+
+def _candidates(node: ast.AST, target: ast.AST) -> Iterator[ast.AST]:
+    for _, value in ast.iter_fields(node):
         children = value if isinstance(value, list) else [value]
-        if children and isinstance(children[0], ast.stmt) and hasattr(target, "lineno"):
+        if children and isinstance(children[0], ast.stmt):
             starts = [_start(stmt) for stmt in children]
             index = bisect_right(starts, (target.lineno, target.col_offset)) - 1
             children = children[index : index + 1] if index >= 0 else []
-        for child in children:
-            if not isinstance(child, ast.AST):
-                continue
-            if child is target:
-                return [child]
-            if _holds(child, target):
-                below = _path(child, target)
-                if below is not None:
-                    return [child, *below]
-    return None
+        yield from (
+            child
+            for child in children
+            if isinstance(child, ast.AST) and not isinstance(child, _TOKENS)
+        )
 
 
 def _start(node: ast.AST) -> tuple[int, int]:
