@@ -199,3 +199,33 @@ def test_sarif_fixes(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
         }
         assert set(after) <= set(before)
         path.write_text(originals[path])
+
+
+def test_raises_outside_any_request_are_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Module level, a plain function, a class that is no request model."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tool.py").write_text(
+        dedent(
+            """\
+            if DEBUG:
+                raise ValueError("debug needs a log file")
+
+
+            def load(path: str) -> bytes:
+                raise NotImplementedError("remote paths")
+
+
+            class Loader:
+                def load(self, request: dict) -> None:
+                    raise TypeError("not a request model")
+            """
+        )
+    )
+    status, patch, err = run(capsys, "tool.py", "--suggest")
+    assert (status, patch) == (1, "")
+    reason = "not at a request boundary"
+    assert [line.split(": ", 2)[2].split(":")[0] for line in err.splitlines()[1:]] == [
+        reason
+    ] * 3

@@ -282,6 +282,8 @@ class _Context:
         )
 
     def _parent(self, node: ast.AST) -> ast.AST | None:
+        if node is self._plan.tree:
+            return None
         if node not in self._parents:
             path = _path(self._plan.tree, node)
             if path is None:

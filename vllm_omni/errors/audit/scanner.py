@@ -204,14 +204,6 @@ def scan(data: bytes, *, whole: bool = False) -> FileResult:
     return result
 
 
-def scan_parsed(data: bytes, tree: ast.Module) -> FileResult:
-    """``scan(data, whole=True)`` for a file already parsed as ``tree``.
-    Raises RecursionError where ``scan`` reports a file nested too deeply."""
-    result = _Scanner(data, tree).result
-    result.findings.sort(key=_finding_order)
-    return result
-
-
 def whole_scan(data: bytes, tree: ast.Module) -> _Scanner:
     """The scanner of a whole parse of ``data`` (``tree``), for the migration
     assistant: its ``sites()`` give the node of every finding. Raises
