@@ -134,6 +134,46 @@ LEFT: Case = (
     ],
 )
 
+CAUGHT: Case = (
+    "api/images.py",
+    """\
+    from fastapi import HTTPException
+
+
+    async def generate(request: ImageRequest) -> bytes:
+        try:
+            if request.n > 4:
+                raise HTTPException(400, "n must be at most 4")
+            return await engine.generate(request)
+        except HTTPException:
+            raise
+        except Exception as exc:
+            raise HTTPException(status_code=500, detail=str(exc)) from exc
+    """,
+    """\
+    from fastapi import HTTPException
+    from vllm_omni.errors import VLLMServerError
+
+
+    async def generate(request: ImageRequest) -> bytes:
+        try:
+            if request.n > 4:
+                raise HTTPException(400, "n must be at most 4")
+            return await engine.generate(request)
+        except HTTPException:
+            raise
+        except Exception as exc:
+            raise VLLMServerError(str(exc)) from exc
+    """,
+    [
+        (
+            "OMNI005",
+            "its try's except HTTPException catches one of HTTPException and "
+            "VLLMValidationError, not both",
+        )
+    ],
+)
+
 RESPONSES: Case = (
     "api/speech.py",
     """\
@@ -265,7 +305,7 @@ RANGES: Case = (
     ],
 )
 
-CASES = [KEYWORD_FORM, STATUS_NAMES, LEFT, RESPONSES, RANGES]
+CASES = [KEYWORD_FORM, STATUS_NAMES, LEFT, CAUGHT, RESPONSES, RANGES]
 
 
 def run(*args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -326,8 +366,8 @@ def test_the_whole_set_at_once_with_two_workers(
         assert (tmp_path / name).read_text() == expected
     assert status == 1
     assert err.splitlines()[0] == (
-        "vllm-omni errors audit: fixed 10 sites in 4 files; "
-        f"{len(json.loads(out)['findings'])} findings remain; 9 left for a person"
+        "vllm-omni errors audit: fixed 11 sites in 5 files; "
+        f"{len(json.loads(out)['findings'])} findings remain; 10 left for a person"
     )
     assert sorted(left(err)) == sorted(row for case in CASES for row in case[3])
 

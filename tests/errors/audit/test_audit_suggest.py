@@ -30,12 +30,12 @@ NOT_SUGGESTED = [
     ),
     (
         "app/serving.py:32:13 OMNI001",
-        "a client error raised in the broad except at line 31 makes it an "
-        "OMNI002 finding",
+        "a client error raised in except Exception would make that broad except "
+        "an OMNI002 finding",
     ),
     (
         "app/serving.py:37:17 OMNI001",
-        "the except at line 40 catches one of ValueError and "
+        "its try's except ValueError catches one of ValueError and "
         "VLLMValidationError, not both",
     ),
     (

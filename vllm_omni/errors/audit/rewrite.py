@@ -345,6 +345,9 @@ class _Context:
             phrase = HTTPStatus(status).phrase
         except ValueError:
             phrase = "Error"
+        moved = self._caught_elsewhere(raised, "HTTPException", type_name, {})
+        if moved is not None:
+            return Skip(finding, moved)
         needed = self._import(type_name, rules.ERRORS_MODULE, rules.SEMANTIC_SOURCES)
         if isinstance(needed, str):
             return Skip(finding, needed)
@@ -696,45 +699,67 @@ class _Context:
         rewrite: Rewrite,
         narrowed: dict[ast.AST, tuple[int, ...]],
     ) -> str | None:
-        """Why the new type would be caught elsewhere in its function than
-        the old one, or would turn a broad handler into OMNI002; else None."""
+        """Why the suggested type would be caught elsewhere in its function
+        than the raw one, or would turn a broad handler into OMNI002."""
         assert isinstance(node, ast.Raise) and isinstance(rewrite.action, RenameRaise)
         assert node.exc is not None
-        old = rules.ancestors(self._scanner.callee(node.exc))
-        new = rules.ancestors(rewrite.action.type_name)
-        client = CLIENT_BASE in new
+        new = rewrite.action.type_name
+        moved = self._caught_elsewhere(
+            node, self._scanner.callee(node.exc), new, narrowed
+        )
+        if moved is not None or CLIENT_BASE not in rules.ancestors(new):
+            return moved
+        parent = self._parent(node)
+        while parent is not None and not isinstance(parent, _SCOPES):
+            if (
+                isinstance(parent, ast.ExceptHandler)
+                and parent not in self._converting
+                and self._broad(parent, narrowed)
+            ):
+                return (
+                    f"a client error raised in {self._clause(parent)} would make "
+                    "that broad except an OMNI002 finding"
+                )
+            parent = self._parent(parent)
+        return None
+
+    def _caught_elsewhere(
+        self,
+        node: ast.Raise,
+        old_name: str,
+        new_name: str,
+        narrowed: dict[ast.AST, tuple[int, ...]],
+    ) -> str | None:
+        """Why raising ``new_name`` instead of ``old_name`` at ``node`` would
+        reach another ``except`` clause of its function (the old type meets
+        the handlers as written, the new one as ``narrowed`` leaves them);
+        None when the same clause, or none, catches both."""
+        old, new = rules.ancestors(old_name), rules.ancestors(new_name)
         child: ast.AST = node
         parent = self._parent(child)
         while parent is not None and not isinstance(parent, _SCOPES):
             if isinstance(parent, ast.Try | ast.TryStar) and any(
                 child is stmt for stmt in parent.body
             ):
-                # The old type meets the handlers as written, the new one
-                # the handlers as this plan leaves them.
                 first_old = self._first_catching(parent, old, {})
                 first_new = self._first_catching(parent, new, narrowed)
                 if first_old is not first_new:
                     where = first_old if first_old is not None else first_new
                     assert where is not None
                     return (
-                        f"the except at line {where.lineno} catches one of "
-                        f"{self._scanner.callee(node.exc)} and "
-                        f"{rewrite.action.type_name}, not both"
+                        f"its try's {self._clause(where)} catches one of "
+                        f"{old_name} and {new_name}, not both"
                     )
                 if first_old is not None:
                     return None
-            if (
-                isinstance(parent, ast.ExceptHandler)
-                and client
-                and parent not in self._converting
-                and self._broad(parent, narrowed)
-            ):
-                return (
-                    f"a client error raised in the broad except at line "
-                    f"{parent.lineno} makes it an OMNI002 finding"
-                )
             child, parent = parent, self._parent(parent)
         return None
+
+    def _clause(self, handler: ast.ExceptHandler) -> str:
+        """``except A, B`` (as written, names resolved), ``except:``."""
+        if handler.type is None:
+            return "except:"
+        return "except " + ", ".join(self._scanner._caught(handler.type))
 
     def _caught(
         self, handler: ast.ExceptHandler, narrowed: dict[ast.AST, tuple[int, ...]]

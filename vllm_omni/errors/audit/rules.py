@@ -449,13 +449,18 @@ def semantic_type_for_status(status: int) -> str | None:
     return "VLLMServerError" if 500 <= status <= 599 else None
 
 
+# fastapi's HTTPException is starlette's, an ``Exception``.
+_PARENTS: dict[str, str] = {**SEMANTIC_PARENTS, "HTTPException": "Exception"}
+
+
 def ancestors(name: str) -> frozenset[str]:
     """The class names an ``except`` clause may name to catch ``name``: a
-    builtin exception's MRO, or a semantic type's chain up to Exception."""
+    builtin exception's MRO, or the chain of a semantic type (or of
+    HTTPException) up to Exception."""
     chain: set[str] = set()
-    while name in SEMANTIC_PARENTS:
+    while name in _PARENTS:
         chain.add(name)
-        name = SEMANTIC_PARENTS[name]
+        name = _PARENTS[name]
     builtin = getattr(builtins, name, None)
     if isinstance(builtin, type) and issubclass(builtin, BaseException):
         chain.update(cls.__name__ for cls in builtin.__mro__ if cls is not object)
