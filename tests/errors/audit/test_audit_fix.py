@@ -135,11 +135,14 @@ LEFT: Case = (
 )
 
 CAUGHT: Case = (
-    "api/images.py",
+    "web/images.py",
     """\
-    from fastapi import HTTPException
+    from fastapi import APIRouter, HTTPException
+
+    router = APIRouter()
 
 
+    @router.post("/v1/images/generations")
     async def generate(request: ImageRequest) -> bytes:
         try:
             if request.n > 4:
@@ -151,10 +154,13 @@ CAUGHT: Case = (
             raise HTTPException(status_code=500, detail=str(exc)) from exc
     """,
     """\
-    from fastapi import HTTPException
+    from fastapi import APIRouter, HTTPException
     from vllm_omni.errors import VLLMServerError
 
+    router = APIRouter()
 
+
+    @router.post("/v1/images/generations")
     async def generate(request: ImageRequest) -> bytes:
         try:
             if request.n > 4:
@@ -359,7 +365,15 @@ def test_the_whole_set_at_once_with_two_workers(
     for case in CASES:
         write(tmp_path, case)
     status, out, err = run(
-        "api", "engine", "--fix", "--jobs", "2", "--format", "json", capsys=capsys
+        "api",
+        "engine",
+        "web",
+        "--fix",
+        "--jobs",
+        "2",
+        "--format",
+        "json",
+        capsys=capsys,
     )
     for name, before, after, _ in CASES:
         expected = dedent(before if after is None else after)
@@ -370,6 +384,68 @@ def test_the_whole_set_at_once_with_two_workers(
         f"{len(json.loads(out)['findings'])} findings remain; 10 left for a person"
     )
     assert sorted(left(err)) == sorted(row for case in CASES for row in case[3])
+
+
+HELPER = """\
+from fastapi import HTTPException
+
+
+def parse_lora(lora: dict | None) -> dict:
+    if lora is None:
+        raise HTTPException(400, "lora is required")
+    return lora
+"""
+ROUTES = """\
+from fastapi import APIRouter, HTTPException
+
+from svc.api.helpers import parse_lora
+
+router = APIRouter()
+
+
+@router.post("/v1/images/generations")
+async def images(request: ImageRequest) -> dict:
+    try:
+        return await generate(parse_lora(request.lora))
+    except HTTPException:
+        raise
+    except Exception as exc:
+        raise HTTPException(500, str(exc)) from exc
+"""
+
+
+def test_a_helper_is_left_while_its_package_tells_the_types_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A helper's HTTPException(400) may be raised inside a route's ``except
+    HTTPException: raise`` / ``except Exception`` (a 500): as
+    VLLMValidationError it would become a 500. The whole package is looked
+    at, though only the helper is given; once the route lets the semantic
+    types through as well, the helper is fixed."""
+    monkeypatch.chdir(tmp_path)
+    api = tmp_path / "svc" / "api"
+    api.mkdir(parents=True)
+    for folder in (api.parent, api):
+        (folder / "__init__.py").write_text("")
+    (api / "helpers.py").write_text(HELPER)
+    (api / "routes.py").write_text(ROUTES)
+    status, _, err = run("svc/api/helpers.py", "--fix", capsys=capsys)
+    assert status == 1
+    assert (api / "helpers.py").read_text() == HELPER
+    assert left(err) == [
+        (
+            "OMNI005",
+            "raised outside a route, and svc/api/routes.py (images: except "
+            "HTTPException) tell HTTPException from the semantic types: a caller "
+            "may reach them; migrate those except clauses first",
+        )
+    ]
+    (api / "routes.py").write_text(
+        ROUTES.replace("except HTTPException:", "except (HTTPException, VLLMError):")
+    )
+    status, _, err = run("svc/api/helpers.py", "--fix", capsys=capsys)
+    assert status == 0
+    assert 'VLLMValidationError("lora is required")' in (api / "helpers.py").read_text()
 
 
 def test_an_allowlisted_site_and_the_errors_package_are_never_rewritten(

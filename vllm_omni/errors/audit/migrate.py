@@ -25,7 +25,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vllm_omni.errors.audit import codemod
+from vllm_omni.errors.audit import codemod, rules
 from vllm_omni.errors.audit.cache import ScanCache
 from vllm_omni.errors.audit.rewrite import (
     KIND_RULES,
@@ -34,6 +34,8 @@ from vllm_omni.errors.audit.rewrite import (
     ModelIndex,
     Rewrite,
     Skip,
+    http_exception_catchers,
+    package_root,
     plan_file,
 )
 from vllm_omni.errors.audit.runner import (
@@ -156,8 +158,27 @@ def _each_file(
     for finding in report.findings:
         if finding.rule in wanted:
             by_file[finding.relative].append(finding)
+    # Where HTTPException and the semantic types part ways in the packages
+    # of the files with one (not only the paths audited): it decides whether
+    # a helper's HTTPException may be rewritten at all.
+    raising = {f.relative for f in report.findings if f.rule == rules.HTTP_EXC}
+    catchers = (
+        http_exception_catchers(
+            [source.path for source in scanned.files if source.relative in raising]
+        )
+        if "fix" in kinds and raising
+        else {}
+    )
     work = [
-        (index, source, by_file[source.relative], kinds, task, scanned.project)
+        (
+            index,
+            source,
+            by_file[source.relative],
+            kinds,
+            task,
+            scanned.project,
+            catchers.get(package_root(source.path), ()) if catchers else (),
+        )
         for index, source in enumerate(scanned.files)
         if source.relative in by_file
     ]
@@ -176,8 +197,9 @@ def _plan_and_run(
     kinds: frozenset[Kind],
     task: _Task,
     project: str,
+    catchers: tuple[str, ...],
 ) -> _FileOutcome:
-    planned = plan_file(source, findings, kinds, ModelIndex())
+    planned = plan_file(source, findings, kinds, ModelIndex(), catchers)
     if isinstance(planned, list):
         return _FileOutcome(index, skipped=planned)
     part = task(planned, project)

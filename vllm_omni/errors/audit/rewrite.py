@@ -40,6 +40,7 @@ from __future__ import annotations
 import ast
 import builtins
 import io
+import os
 import re
 import tokenize
 from bisect import bisect_right
@@ -54,11 +55,14 @@ from vllm_omni.errors.audit import rules
 from vllm_omni.errors.audit.runner import (
     ReportedFinding,
     SourceFile,
+    _owned,
+    _printable,
     _Unreadable,
     file_findings,
     read_regular,
 )
 from vllm_omni.errors.audit.scanner import (
+    MODULE_SCOPE,
     _argument,
     _body_argument,
     _dotted,
@@ -88,6 +92,12 @@ _STRUCTURED = (
 )
 # Shared leaf nodes without a position (``Load()``, ``Add()``, ...).
 _TOKENS = (ast.expr_context, ast.operator, ast.boolop, ast.unaryop, ast.cmpop)
+# An except clause naming HTTPException or a semantic type.
+_CATCHER = re.compile(
+    rb"except\b[^\n:]*\b(?:"
+    + b"|".join(n.encode() for n in sorted({"HTTPException", *rules.SEMANTIC_TYPES}))
+    + rb")\b"
+)
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _QUOTES = "'\"`"
 _MODEL_DEPTH = 4
@@ -198,10 +208,13 @@ def plan_file(
     findings: Sequence[ReportedFinding],
     kinds: frozenset[Kind],
     models: ModelIndex,
+    catchers: Sequence[str] = (),
 ) -> FilePlan | list[Skip]:
     """The plan for ``findings`` (reported, not allowlisted, of one file) of
     the rules ``kinds`` rewrite; a list of skips when the file cannot be
-    rewritten at all (unreadable, or it does not parse whole)."""
+    rewritten at all (unreadable, or it does not parse whole).
+    ``catchers``: the tree's except clauses that tell HTTPException from a
+    semantic type (``http_exception_catchers``)."""
     wanted = frozenset().union(*(KIND_RULES[kind] for kind in kinds))
     targets = [f for f in findings if f.rule in wanted]
     try:
@@ -221,7 +234,7 @@ def plan_file(
     reported = file_findings(source, [finding for finding, _ in sites])
     nodes = {r.fingerprint: sites[index][1] for index, r in reported}
     plan = FilePlan(source, data, text, encoding, tree, frozenset(nodes))
-    context = _Context(plan, scanner, models)
+    context = _Context(plan, scanner, models, tuple(catchers))
     suggested: list[tuple[ReportedFinding, ast.AST]] = []
     for finding in targets:
         node = nodes.get(finding.fingerprint)
@@ -260,10 +273,17 @@ class _NotStatic(Exception):
 class _Context:
     """The analysis of one file the rewrites share."""
 
-    def __init__(self, plan: FilePlan, scanner: _Scanner, models: ModelIndex) -> None:
+    def __init__(
+        self,
+        plan: FilePlan,
+        scanner: _Scanner,
+        models: ModelIndex,
+        catchers: tuple[str, ...],
+    ) -> None:
         self._plan = plan
         self._scanner = scanner
         self._models = models
+        self._catchers = catchers
         tree = plan.tree
         # Parents of the nodes on the paths to the findings' nodes, found on
         # demand (a parent map of a whole large file costs more than a plan).
@@ -348,6 +368,18 @@ class _Context:
         moved = self._caught_elsewhere(raised, "HTTPException", type_name, {})
         if moved is not None:
             return Skip(finding, moved)
+        if self._catchers and not self._is_route(self._function(raised)):
+            # A route is called by the framework only; any other function
+            # may be called inside one of those try blocks, where the new
+            # type would meet another except clause than HTTPException did.
+            more = len(self._catchers) - 1
+            return Skip(
+                finding,
+                f"raised outside a route, and {self._catchers[0]}"
+                f"{f' and {more} more' if more else ''} tell HTTPException "
+                "from the semantic types: a caller may reach them; migrate those "
+                "except clauses first",
+            )
         needed = self._import(type_name, rules.ERRORS_MODULE, rules.SEMANTIC_SOURCES)
         if isinstance(needed, str):
             return Skip(finding, needed)
@@ -875,6 +907,102 @@ class _Context:
         if attribute == name and source in sources:
             return ()
         return f"{name} is already bound in this file ({origin})"
+
+
+def http_exception_catchers(
+    raising: Sequence[Path],
+) -> dict[Path, tuple[str, ...]]:
+    """By package: ``path:line except ...`` for every except clause that
+    one of HTTPException and a semantic type ``--fix`` raises reaches and
+    the other does not (0.30's ``except HTTPException: raise`` before
+    ``except Exception: ... 500``). The packages are those of ``raising``
+    (the files with an HTTPException to rewrite), each the outermost folder
+    with an ``__init__.py`` above the file, read whole: a caller may live
+    anywhere in its package, audited or not. The errors package is left
+    out (it renders both alike). Only files with such a clause are parsed
+    (a regular expression finds them)."""
+    return {root: _catchers(root) for root in {package_root(p) for p in raising}}
+
+
+def _catchers(root: Path) -> tuple[str, ...]:
+    found: list[str] = []
+    for path in sorted(_python_files(root)):
+        if _owned(str(path)):
+            continue
+        try:
+            data = read_regular(path)
+        except _Unreadable:
+            continue
+        if _CATCHER.search(data) is None:
+            continue
+        try:
+            tree = ast.parse(data)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            continue
+        shown = os.path.relpath(path)
+        shown = _printable(str(path) if shown.startswith(os.pardir) else shown)
+        for scope, node in _tries(tree.body, MODULE_SCOPE):
+            clause = _telling_clause(node)
+            if clause is not None:
+                # Named by its function, not its line: lines move when the
+                # file is rewritten in the same run.
+                found.append(f"{shown} ({scope}: {clause})")
+    return tuple(found)
+
+
+def _tries(
+    body: Sequence[ast.stmt], scope: str
+) -> Iterator[tuple[str, ast.Try | ast.TryStar]]:
+    """Every try statement below ``body``, with its enclosing qualified name."""
+    for stmt in body:
+        inner = scope
+        if isinstance(stmt, (*_FUNCTIONS, ast.ClassDef)):
+            inner = stmt.name if scope == MODULE_SCOPE else f"{scope}.{stmt.name}"
+        elif isinstance(stmt, ast.Try | ast.TryStar):
+            yield scope, stmt
+        for block in (
+            getattr(stmt, "body", []),
+            getattr(stmt, "orelse", []),
+            getattr(stmt, "finalbody", []),
+            *(part.body for part in getattr(stmt, "handlers", [])),
+            *(part.body for part in getattr(stmt, "cases", [])),
+        ):
+            if isinstance(block, list):
+                yield from _tries(block, inner)
+
+
+def package_root(path: Path) -> Path:
+    """The outermost folder with an ``__init__.py`` above ``path`` (its own
+    folder when that has none)."""
+    folder = path.resolve().parent
+    while (folder.parent / "__init__.py").is_file():
+        folder = folder.parent
+    return folder
+
+
+def _python_files(root: Path) -> Iterator[Path]:
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = [
+            d for d in subfolders if not d.startswith(".") and d != "__pycache__"
+        ]
+        yield from (Path(folder, name) for name in names if name.endswith(".py"))
+
+
+def _telling_clause(node: ast.Try | ast.TryStar) -> str | None:
+    """The first clause of ``node`` that catches exactly one of
+    HTTPException and some type ``--fix`` raises, as ``except X``."""
+    old = rules.ancestors("HTTPException")
+    for new_name in rules.FIX_TYPES:
+        new = rules.ancestors(new_name)
+        for handler in node.handlers:
+            names = {_last(_dotted(e)) for e in _elements(handler.type)}
+            catches_old = handler.type is None or bool(names & old)
+            catches_new = handler.type is None or bool(names & new)
+            if catches_old != catches_new:
+                return "except " + ", ".join(sorted(names)) if names else "except:"
+            if catches_old:
+                break
+    return None
 
 
 class ModelIndex:

@@ -439,6 +439,10 @@ RECORD_CATEGORIES: dict[str, range] = {
 }
 
 
+# Every type --fix may raise instead of an HTTPException.
+FIX_TYPES: tuple[str, ...] = (*dict.fromkeys(SUGGESTION_BY_STATUS.values()),)
+
+
 def semantic_type_for_status(status: int) -> str | None:
     """The semantic type ``--fix`` raises instead of ``HTTPException(status)``:
     the table above, any other 5xx as ``VLLMServerError``; None for a status
