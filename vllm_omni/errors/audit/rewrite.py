@@ -92,10 +92,17 @@ _STRUCTURED = (
 )
 # Shared leaf nodes without a position (``Load()``, ``Add()``, ...).
 _TOKENS = (ast.expr_context, ast.operator, ast.boolop, ast.unaryop, ast.cmpop)
-# An except clause naming HTTPException or a semantic type.
+# An except clause naming HTTPException or a class a type --fix raises
+# derives from (``Exception`` and a bare except catch both alike).
 _CATCHER = re.compile(
     rb"except\b[^\n:]*\b(?:"
-    + b"|".join(n.encode() for n in sorted({"HTTPException", *rules.SEMANTIC_TYPES}))
+    + b"|".join(
+        name.encode()
+        for name in sorted(
+            {"HTTPException"}.union(*map(rules.ancestors, rules.FIX_TYPES))
+            - {"Exception", "BaseException"}
+        )
+    )
     + rb")\b"
 )
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
