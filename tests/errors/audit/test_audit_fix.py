@@ -16,6 +16,7 @@ from textwrap import dedent
 import pytest
 
 from vllm_omni.errors.audit import cli
+from vllm_omni.errors.audit.rewrite import http_exception_catchers
 
 from .conftest import REPO
 
@@ -412,6 +413,44 @@ async def images(request: ImageRequest) -> dict:
     except Exception as exc:
         raise HTTPException(500, str(exc)) from exc
 """
+
+
+# The same route with its except clause written otherwise: across lines,
+# and under an imported alias.
+ROUTE_FORMS = {
+    "one line": (ROUTES, "except HTTPException"),
+    "across lines": (
+        ROUTES.replace(
+            "    except HTTPException:\n",
+            "    except (\n        OSError,\n        HTTPException,\n    ):\n",
+        ),
+        "except HTTPException, OSError",
+    ),
+    "aliased": (
+        ROUTES.replace(
+            "from fastapi import APIRouter, HTTPException\n",
+            "from fastapi import APIRouter, HTTPException\n"
+            "from starlette.exceptions import HTTPException as StarletteError\n",
+        ).replace("    except HTTPException:\n", "    except StarletteError:\n"),
+        "except HTTPException",
+    ),
+}
+
+
+def test_the_package_s_except_clauses_are_found_however_written(
+    tmp_path: Path,
+) -> None:
+    api = tmp_path / "svc" / "api"
+    api.mkdir(parents=True)
+    for folder in (api.parent, api):
+        (folder / "__init__.py").write_text("")
+    (api / "helpers.py").write_text(HELPER)
+    for form, (routes, clause) in ROUTE_FORMS.items():
+        (api / "routes.py").write_text(routes)
+        found = http_exception_catchers([api / "helpers.py"])
+        assert found == {
+            api.parent.resolve(): (f"{api / 'routes.py'} (images: {clause})",)
+        }, form
 
 
 def test_a_helper_is_left_while_its_package_tells_the_types_apart(

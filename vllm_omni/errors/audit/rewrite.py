@@ -27,10 +27,13 @@ Owns the plan for one file. ``--fix`` rewrites what needs no judgement:
   where every raise site of its ``try`` body is a client type (after this
   plan's own suggestions) and there is at least one.
 
-A suggestion never changes which ``except`` clause of its function catches
-a raise, and never makes a handler a new OMNI002. Everything else is a
-``Skip`` with its reason. A rewrite needs the names it raises: a name bound
-in the file to something else blocks it.
+No rewrite changes which ``except`` clause of its function catches a
+raise, and a suggestion never makes a handler a new OMNI002. An
+``HTTPException`` outside a route is rewritten only while no except clause
+of its package tells it from the semantic types
+(``http_exception_catchers``): a caller might catch one and not the other.
+Everything else is a ``Skip`` with its reason. A rewrite needs the names it
+raises: a name bound in the file to something else blocks it.
 
 Stdlib only (``ast``); ``codemod`` performs the plan with LibCST.
 """
@@ -92,10 +95,10 @@ _STRUCTURED = (
 )
 # Shared leaf nodes without a position (``Load()``, ``Add()``, ...).
 _TOKENS = (ast.expr_context, ast.operator, ast.boolop, ast.unaryop, ast.cmpop)
-# An except clause naming HTTPException or a class a type --fix raises
-# derives from (``Exception`` and a bare except catch both alike).
-_CATCHER = re.compile(
-    rb"except\b[^\n:]*\b(?:"
+# HTTPException and the classes a type --fix raises derives from
+# (``Exception`` and a bare except catch both alike).
+_TELLING_NAMES = (
+    rb"(?:"
     + b"|".join(
         name.encode()
         for name in sorted(
@@ -103,7 +106,13 @@ _CATCHER = re.compile(
             - {"Exception", "BaseException"}
         )
     )
-    + rb")\b"
+    + rb")"
+)
+# An except clause naming one (a parenthesized one may span lines), or one
+# imported under another name.
+_CATCHER = re.compile(
+    rb"except\b(?:\s*\([^)]*|[^\n:]*)\b" + _TELLING_NAMES + rb"\b"
+    rb"|\b" + _TELLING_NAMES + rb"\s+as\b"
 )
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _QUOTES = "'\"`"
@@ -948,8 +957,11 @@ def _catchers(root: Path) -> tuple[str, ...]:
             continue
         shown = os.path.relpath(path)
         shown = _printable(str(path) if shown.startswith(os.pardir) else shown)
+        imported = {
+            name: _last(origin) for name, origin in module_bindings(tree).items()
+        }
         for scope, node in _tries(tree.body, MODULE_SCOPE):
-            clause = _telling_clause(node)
+            clause = _telling_clause(node, imported)
             if clause is not None:
                 # Named by its function, not its line: lines move when the
                 # file is rewritten in the same run.
@@ -995,14 +1007,20 @@ def _python_files(root: Path) -> Iterator[Path]:
         yield from (Path(folder, name) for name in names if name.endswith(".py"))
 
 
-def _telling_clause(node: ast.Try | ast.TryStar) -> str | None:
+def _telling_clause(
+    node: ast.Try | ast.TryStar, imported: dict[str, str]
+) -> str | None:
     """The first clause of ``node`` that catches exactly one of
-    HTTPException and some type ``--fix`` raises, as ``except X``."""
+    HTTPException and some type ``--fix`` raises, as ``except X``; names
+    imported under another name (``imported``) are read as the original."""
     old = rules.ancestors("HTTPException")
     for new_name in rules.FIX_TYPES:
         new = rules.ancestors(new_name)
         for handler in node.handlers:
-            names = {_last(_dotted(e)) for e in _elements(handler.type)}
+            names = {
+                imported.get(name, name)
+                for name in (_last(_dotted(e)) for e in _elements(handler.type))
+            }
             catches_old = handler.type is None or bool(names & old)
             catches_new = handler.type is None or bool(names & new)
             if catches_old != catches_new:
