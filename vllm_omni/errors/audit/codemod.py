@@ -167,7 +167,16 @@ def _edit(text: Text, rewrite: Rewrite) -> Edit:
     else:
         target = node
     start, end = text.span(target)
-    module, expression = _parse_expression(text.text[start:end])
+    source = text.text[start:end]
+    # The span must hold exactly the node (positions inside f-strings, for
+    # one, are not always right): else nothing is rewritten.
+    try:
+        spanned = ast.parse(f"({source})", mode="eval").body
+    except SyntaxError:
+        spanned = None
+    if spanned is None or ast.dump(spanned) != ast.dump(target):
+        raise RewriteError("the node's source span does not hold the node")
+    module, expression = _parse_expression(source)
     new = _rewrite(module, expression, action, text)
     code = module.code_for_node(new)
     if isinstance(new, cst.Call) and isinstance(action, WrapModel):
