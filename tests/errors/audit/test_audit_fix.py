@@ -630,3 +630,26 @@ def test_a_plain_audit_does_not_load_the_rewriter(tmp_path: Path) -> None:
             "vllm_omni.errors.audit.migrate",
         }
     )
+
+
+def test_fix_and_suggest_import_no_vllm_torch_or_fastapi(tmp_path: Path) -> None:
+    """DESIGN §8 holds for the rewrites too: LibCST, never the audited
+    tree's frameworks."""
+    write(tmp_path, KEYWORD_FORM)
+    probe = (
+        "import sys\n"
+        "from vllm_omni.errors.audit import cli\n"
+        "fixed = cli.main(['api', '--fix', '--no-cache', '--jobs', '1'])\n"
+        "suggested = cli.main(['api', '--suggest', '--no-cache', '--jobs', '1'])\n"
+        "heavy = {m.split('.')[0] for m in sys.modules}\n"
+        "heavy &= {'vllm', 'torch', 'fastapi', 'starlette', 'pydantic', 'numpy'}\n"
+        "print(fixed, suggested, 'libcst' in sys.modules, sorted(heavy))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-P", "-c", probe],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.stdout.splitlines()[-1] == "0 0 True []", done.stderr
