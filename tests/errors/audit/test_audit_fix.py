@@ -15,7 +15,7 @@ from textwrap import dedent
 
 import pytest
 
-from vllm_omni.errors.audit import cli
+from vllm_omni.errors.audit import cli, rewrite
 from vllm_omni.errors.audit.rewrite import http_exception_catchers
 
 from .conftest import REPO
@@ -437,9 +437,12 @@ ROUTE_FORMS = {
 }
 
 
+@pytest.mark.parametrize("lexer", ["C lexer", "pure Python"])
 def test_the_package_s_except_clauses_are_found_however_written(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lexer: str
 ) -> None:
+    if lexer == "pure Python":
+        monkeypatch.setattr(rewrite, "_lexer", None)
     api = tmp_path / "svc" / "api"
     api.mkdir(parents=True)
     for folder in (api.parent, api):

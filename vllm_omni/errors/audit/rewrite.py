@@ -74,6 +74,7 @@ from vllm_omni.errors.audit.scanner import (
     _status,
     whole_scan,
 )
+from vllm_omni.errors.audit.skeleton import _lexer
 
 Kind = Literal["fix", "suggest"]
 KIND_RULES: dict[Kind, frozenset[str]] = {
@@ -97,22 +98,19 @@ _STRUCTURED = (
 _TOKENS = (ast.expr_context, ast.operator, ast.boolop, ast.unaryop, ast.cmpop)
 # HTTPException and the classes a type --fix raises derives from
 # (``Exception`` and a bare except catch both alike).
-_TELLING_NAMES = (
-    rb"(?:"
-    + b"|".join(
-        name.encode()
-        for name in sorted(
-            {"HTTPException"}.union(*map(rules.ancestors, rules.FIX_TYPES))
-            - {"Exception", "BaseException"}
-        )
+_TELLING = tuple(
+    sorted(
+        {"HTTPException"}.union(*map(rules.ancestors, rules.FIX_TYPES))
+        - {"Exception", "BaseException"}
     )
-    + rb")"
 )
+_TELLING_NAMES = rb"(?:" + "|".join(_TELLING).encode() + rb")"
 # An except clause naming one (a parenthesized one may span lines), or one
-# imported under another name.
-_CATCHER = re.compile(
-    rb"except\b(?:\s*\([^)]*|[^\n:]*)\b" + _TELLING_NAMES + rb"\b"
-    rb"|\b" + _TELLING_NAMES + rb"\s+as\b"
+# imported under another name. Each starts with a literal, so a search
+# jumps from one candidate to the next.
+_CATCHER = re.compile(rb"except\b(?:\s*\([^)]*|[^\n:()]*)\b" + _TELLING_NAMES + rb"\b")
+_ALIASED = re.compile(
+    rb"import\b(?:\s*\([^)]*|[^\n;]*)\b" + _TELLING_NAMES + rb"\s+as\s"
 )
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _QUOTES = "'\"`"
@@ -949,7 +947,9 @@ def _catchers(root: Path) -> tuple[str, ...]:
             data = read_regular(path)
         except _Unreadable:
             continue
-        if _CATCHER.search(data) is None:
+        if not _names_any(data) or (
+            _CATCHER.search(data) is None and _ALIASED.search(data) is None
+        ):
             continue
         try:
             tree = ast.parse(data)
@@ -967,6 +967,16 @@ def _catchers(root: Path) -> tuple[str, ...]:
                 # file is rewritten in the same run.
                 found.append(f"{shown} ({scope}: {clause})")
     return tuple(found)
+
+
+def _names_any(data: bytes) -> bool:
+    """Whether one of ``_TELLING`` occurs in ``data``: one pass in C where
+    the audit's lexer is built (most files have none, and the regular
+    expressions cost more)."""
+    if _lexer is None:
+        return True
+    (lines,), _ = _lexer.needle_lines(data, (_TELLING,))
+    return bool(lines)
 
 
 def _tries(
