@@ -3,16 +3,31 @@
 Each module's ``run()`` measures ours and its baseline (upstream vLLM, no
 boundary, ruff, a bare vLLM import) in the same process run, so the ratios
 compare like with like on whatever machine this is. ``--markdown`` prints the
-table as Markdown for ``docs/performance.md``; ``--only`` / ``--skip`` pick
+tables as Markdown for ``docs/performance.md``; ``--only`` / ``--skip`` pick
 modules (the soak takes about three minutes).
+
+After the full table comes the compact one of every row with a target
+(metric, ratio, spread, target, met). Targets are information: a missed one
+does not change the exit code.
+
+``--quick`` runs every module with tiny counts, so that CI (``.ci/run``)
+notices a benchmark that no longer imports or crashes; its numbers mean
+nothing. It exits non-zero when a module raised; a full run also when a
+correctness row (``ok``: nothing lost, recall, the soak's reconciliation)
+failed. ``bench_real_engine`` runs in the real-engine environment
+(``.ci/real-engine``), not here.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
 from collections.abc import Sequence
+
+from benchmarks.paired import target_table
 
 MODULES = (
     "bench_errors",
@@ -24,7 +39,7 @@ MODULES = (
     "bench_burst",
     "soak",
 )
-COLUMNS = ("benchmark", "ours", "baseline", "ratio", "unit")
+COLUMNS = ("benchmark", "ours", "baseline", "ratio", "spread", "unit")
 
 
 def _cell(value: object) -> str:
@@ -35,13 +50,22 @@ def _cell(value: object) -> str:
     return str(value)
 
 
-def gather(modules: Sequence[str]) -> list[dict[str, object]]:
+def gather(
+    modules: Sequence[str], *, quick: bool = False
+) -> tuple[list[dict[str, object]], list[str]]:
+    """The rows of every module that ran, and the modules that raised."""
     rows: list[dict[str, object]] = []
+    crashed: list[str] = []
     for name in modules:
-        module = importlib.import_module(f"benchmarks.{name}")
-        for row in module.run():
-            rows.append({"module": name, **row})
-    return rows
+        try:
+            module = importlib.import_module(f"benchmarks.{name}")
+            produced = module.run(quick=quick)
+        except Exception:
+            traceback.print_exc()
+            crashed.append(name)
+            continue
+        rows.extend({"module": name, **row} for row in produced)
+    return rows, crashed
 
 
 def render(rows: list[dict[str, object]], *, markdown: bool) -> str:
@@ -51,7 +75,7 @@ def render(rows: list[dict[str, object]], *, markdown: bool) -> str:
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(cells) + " |" for cells in table]
         return "\n".join(lines)
-    widths = [max(len(h), *(len(r[i]) for r in table)) for i, h in enumerate(header)]
+    widths = [max([len(h), *(len(r[i]) for r in table)]) for i, h in enumerate(header)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
     lines += [
         "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True))
@@ -65,12 +89,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", choices=MODULES)
     parser.add_argument("--skip", nargs="*", choices=MODULES, default=[])
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny counts: does every module run?"
+    )
     args = parser.parse_args(argv)
     modules = [m for m in (args.only or MODULES) if m not in args.skip]
-    rows = gather(modules)
+    load = os.getloadavg()[0]
+    rows, crashed = gather(modules, quick=args.quick)
     print(render(rows, markdown=args.markdown))
+    print()
+    print(target_table(rows, markdown=args.markdown))
+    print(
+        f"\nload average {load:.2f} at the start, {os.getloadavg()[0]:.2f} at the end"
+    )
+    if crashed:
+        print(f"crashed: {', '.join(crashed)}", file=sys.stderr)
+        return 1
     failed = [row for row in rows if row.get("ok") is False]
-    return 1 if failed else 0
+    return 1 if failed and not args.quick else 0
 
 
 if __name__ == "__main__":

@@ -137,8 +137,13 @@ def _row(name: str, ours: float, baseline: float, unit: str) -> dict[str, object
     }
 
 
-def run(repeat: int = 7, number: int = 300) -> list[dict[str, object]]:
-    """Rows for ours vs upstream; best of ``repeat`` runs of ``number`` loops."""
+def run(
+    repeat: int = 7, number: int = 300, *, quick: bool = False
+) -> list[dict[str, object]]:
+    """Rows for ours vs upstream; best of ``repeat`` runs of ``number`` loops
+    (``quick``: one run of five)."""
+    if quick:
+        repeat, number = 1, 5
     excs = exception_mix()
     count = len(excs)
     # Every message different, more of them than the sanitizer remembers: the

@@ -4,19 +4,23 @@ Rows (requests/s through a real FastAPI app driven in-process by httpx's
 ASGI transport, the Prometheus instrumentator mounted on each app as vLLM
 mounts it, each on its own registry so every app really counts):
 
-- ``success route``: a 200 route with ``install_error_handling`` vs the same
-  app without it; target: ratio >= 0.98 (the boundary costs a success almost
-  nothing: a request id, one ``X-Request-Id`` header and a scope entry);
+- ``success route``: a 200 route with ``install_error_handling`` as
+  ``vllm-omni serve`` installs it (request ids, the disconnect watch, the
+  body and WebSocket message limits at their defaults) vs the same app
+  without it; target: ratio >= 0.98;
 - ``error route``: a mix of semantic and raw errors through ours vs through
   upstream's ``init_exception_handler``; target: ours >= upstream
   (ratio >= 1.0) although ours sanitizes more, counts every error and logs.
 
-Sides alternate in blocks of 10 requests and each is rated by its fastest
-block, so machine noise hits both alike; blocks this short (a few ms) are
-often not preempted even on a loaded machine, so the fastest one is close
-to the undisturbed cost.
-``python benchmarks/bench_http.py`` prints a table; ``run()`` returns rows
-for ``python -m benchmarks``.
+All apps are up at once. Each round times one block of ``BLOCK`` requests
+on each side of a pair, the side that goes first alternating, and gives one
+ratio (baseline time / our time: our throughput relative to the
+baseline's); a row is the median of the rounds' ratios with their
+interquartile range (``benchmarks.paired``), so load that comes and goes
+on the machine falls on both sides of a round alike.
+
+``python -m benchmarks.bench_http [--quick]`` prints the rows and the
+target table; ``run()`` returns rows for ``python -m benchmarks``.
 """
 
 from __future__ import annotations
@@ -24,9 +28,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import httpx
 from fastapi import FastAPI
@@ -35,8 +40,16 @@ from prometheus_fastapi_instrumentator import Instrumentator
 from vllm.entrypoints.serve.exception_handling.register import init_exception_handler
 from vllm.exceptions import VLLMNotFoundError, VLLMValidationError
 
+from benchmarks.paired import met, spread, target_table
+from vllm_omni.entrypoints.openai.limits import RequestLimits
 from vllm_omni.errors import OmniConflictError, OmniServiceUnavailableError
 from vllm_omni.errors.fastapi import install_error_handling
+
+BLOCK = 10
+ROUNDS = 400
+QUICK_ROUNDS = 8
+SUCCESS_TARGET = ">= 0.98"
+ERROR_TARGET = ">= 1.0"
 
 ERRORS: tuple[Callable[[], Exception], ...] = (
     lambda: VLLMValidationError("temperature must be <= 2", parameter="temperature"),
@@ -62,83 +75,100 @@ def _app(boundary: str) -> FastAPI:
         raise ERRORS[counter["i"] % len(ERRORS)]()
 
     if boundary == "ours":
-        install_error_handling(app)
+        limits = RequestLimits()
+        install_error_handling(
+            app,
+            max_request_bytes=limits.max_request_bytes,
+            max_ws_message_bytes=limits.max_ws_message_bytes,
+        )
     elif boundary == "upstream":
         init_exception_handler(app)
     Instrumentator(registry=CollectorRegistry()).instrument(app)
     return app
 
 
-async def _compare(
-    path: str, ours: FastAPI, baseline: FastAPI, count: int, rounds: int
-) -> tuple[float, float]:
-    """Requests/s of each side from its fastest block of 10 requests.
+def _client(app: FastAPI) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app, raise_app_exceptions=False),
+        base_url="http://bench",
+    )
 
-    The sides alternate block by block, so drift (GC, caches, other load)
-    falls on both alike; like ``timeit``, the fastest block is the estimate
-    least disturbed by the machine.
-    """
-    clients = [
-        httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app, raise_app_exceptions=False),
-            base_url="http://bench",
-        )
-        for app in (ours, baseline)
-    ]
-    block = 10
-    fastest = [float("inf"), float("inf")]
+
+async def _block(client: httpx.AsyncClient, path: str) -> float:
+    started = time.perf_counter()
+    for _ in range(BLOCK):
+        await client.get(path)
+    return time.perf_counter() - started
+
+
+async def compare(
+    path: str, ours: FastAPI, baseline: FastAPI, rounds: int
+) -> dict[str, object]:
+    """Paired rounds on ``path``: our throughput relative to the baseline's."""
+    sides = [_client(ours), _client(baseline)]
+    ratios: list[float] = []
+    rates: tuple[list[float], list[float]] = ([], [])
     try:
-        for client in clients:
-            for _ in range(block):
-                await client.get(path)
-        for _ in range(rounds * (count // block)):
-            for side, client in enumerate(clients):
-                started = time.perf_counter()
-                for _ in range(block):
-                    await client.get(path)
-                fastest[side] = min(fastest[side], time.perf_counter() - started)
+        for client in sides:
+            for _ in range(3):
+                await _block(client, path)  # warm-up, not counted
+        for index in range(rounds):
+            order = (0, 1) if index % 2 == 0 else (1, 0)
+            seconds = [0.0, 0.0]
+            for side in order:
+                seconds[side] = await _block(sides[side], path)
+            ratios.append(seconds[1] / seconds[0])
+            rates[0].append(BLOCK / seconds[0])
+            rates[1].append(BLOCK / seconds[1])
     finally:
-        for client in clients:
+        for client in sides:
             await client.aclose()
-    return block / fastest[0], block / fastest[1]
+    summary = spread(ratios)
+    return {
+        "ours": round(statistics.median(rates[0]), 1),
+        "baseline": round(statistics.median(rates[1]), 1),
+        "ratio": round(summary.median, 3),
+        "spread": str(summary),
+        "unit": "req/s",
+    }
 
 
-def run(count: int = 1500, rounds: int = 5) -> list[dict[str, object]]:
+def run(quick: bool = False) -> list[dict[str, object]]:
+    rounds = QUICK_ROUNDS if quick else ROUNDS
     # Error logs would dominate the measurement; both sides run quiet.
     logging.getLogger("vllm_omni.errors").setLevel(logging.CRITICAL)
     logging.getLogger("vllm").setLevel(logging.CRITICAL)
-    success = asyncio.run(_compare("/ok", _app("ours"), _app("none"), count, rounds))
-    errors = asyncio.run(
-        _compare("/fail", _app("ours"), _app("upstream"), count, rounds)
-    )
-    return [
-        {
-            "benchmark": "success route (with vs without boundary)",
-            "ours": round(success[0], 1),
-            "baseline": round(success[1], 1),
-            "ratio": round(success[0] / success[1], 3),
-            "unit": "req/s",
-            "target": ">= 0.98",
-        },
-        {
-            "benchmark": "error route (ours vs upstream handlers)",
-            "ours": round(errors[0], 1),
-            "baseline": round(errors[1], 1),
-            "ratio": round(errors[0] / errors[1], 3),
-            "unit": "req/s",
-            "target": ">= 1.0",
-        },
-    ]
+    success = asyncio.run(compare("/ok", _app("ours"), _app("none"), rounds))
+    errors = asyncio.run(compare("/fail", _app("ours"), _app("upstream"), rounds))
+    rows = []
+    for name, row, target in (
+        ("success route (with vs without boundary)", success, SUCCESS_TARGET),
+        ("error route (ours vs upstream handlers)", errors, ERROR_TARGET),
+    ):
+        rows.append(
+            {
+                "benchmark": name,
+                **row,
+                "target": target,
+                "met": met(float(row["ratio"]), target),  # type: ignore[arg-type]
+            }
+        )
+    return rows
 
 
-def main() -> int:
-    rows = run()
-    print(f"{'benchmark':45} {'ours':>10} {'baseline':>10} {'ratio':>7}  target")
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_http")
+    parser.add_argument("--quick", action="store_true", help="a few rounds only")
+    args = parser.parse_args(argv)
+    rows = run(quick=args.quick)
+    print(f"{'benchmark':45} {'ours':>9} {'baseline':>9} {'ratio':>6}  unit")
     for row in rows:
         print(
-            f"{row['benchmark']:45} {row['ours']:>10} {row['baseline']:>10} "
-            f"{row['ratio']:>7}  {row['target']} ({row['unit']})"
+            f"{row['benchmark']:45} {row['ours']:>9} {row['baseline']:>9} "
+            f"{row['ratio']:>6}  {row['unit']}"
         )
+    print()
+    print(target_table(rows))
     return 0
 
 

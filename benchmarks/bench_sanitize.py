@@ -81,7 +81,7 @@ def _recall(function: Callable[[str], str], cases: Iterable[object]) -> float:
 
 
 def _us_per_message(
-    functions: dict[str, Callable[[str], str]], texts: list[str]
+    functions: dict[str, Callable[[str], str]], texts: list[str], repeats: int
 ) -> dict[str, float]:
     clean = sanitize._CLEAN
 
@@ -94,14 +94,14 @@ def _us_per_message(
         return each
 
     best = dict.fromkeys(functions, float("inf"))
-    for _ in range(_REPEATS):
+    for _ in range(repeats):
         for name, function in functions.items():
             seconds = timeit.timeit(timed(function), number=3) / 3
             best[name] = min(best[name], seconds * 1e6 / len(texts))
     return best
 
 
-def measure() -> dict[str, float]:
+def measure(repeats: int = _REPEATS) -> dict[str, float]:
     after, before = sanitize._table(), sanitize._table(rule_set=False)
     ours, theirs = _with(after), _with(before)
     rules = rule_corpus()
@@ -115,6 +115,7 @@ def measure() -> dict[str, float]:
             "redact_before": _redact_with(before),
         },
         texts,
+        repeats,
     )
     return {
         "curated_secrets": float(sum(len(c.remove) for c in SECRET_CASES)),
@@ -131,8 +132,8 @@ def measure() -> dict[str, float]:
     }
 
 
-def run() -> list[dict[str, object]]:
-    m = measure()
+def run(quick: bool = False) -> list[dict[str, object]]:
+    m = measure(1 if quick else _REPEATS)
     messages = f"{m['messages']:.0f} messages"
     return [
         {

@@ -9,9 +9,16 @@ outcome compared is ``(status, error.type, error.param)``; a success is
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
+
+from tests.e2e.omni_server import OmniServer
+from tests.e2e.servers import free_port
 
 MODEL = "tiny-qwen2"
 CHAT = "/v1/chat/completions"
@@ -168,3 +175,35 @@ def outcome(client: httpx.Client, case: str) -> tuple[int, str | None, str | Non
     if not isinstance(error, dict):
         return (response.status_code, None, None)
     return (response.status_code, error.get("type"), error.get("param"))
+
+
+def start_upstream_server(directory: Path, engine_args: dict[str, Any]) -> OmniServer:
+    """Upstream's own server with the pipeline's engine arguments (spawned,
+    not waited for: ``conftest.running_servers`` waits)."""
+    port = free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--port",
+        str(port),
+        "--served-model-name",
+        MODEL,
+        "--model",
+        str(engine_args["model"]),
+        "--max-model-len",
+        str(engine_args["max_model_len"]),
+        "--dtype",
+        str(engine_args["dtype"]),
+        "--max-num-seqs",
+        str(engine_args["max_num_seqs"]),
+        "--enforce-eager",
+    ]
+    log_path = directory / f"upstream-{port}.log"
+    proc = subprocess.Popen(
+        argv,
+        env=dict(os.environ),
+        stdout=log_path.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    return OmniServer(proc, f"http://127.0.0.1:{port}", log_path)

@@ -15,9 +15,6 @@ counts them.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,44 +24,18 @@ import pytest
 import yaml
 
 from tests.e2e.omni_server import OmniServer, start_server
-from tests.e2e.servers import free_port
 from tests.real_engine.conftest import running_servers, write_tiny_pipeline
-from tests.real_engine.side_by_side import CASES, CORRECTIONS, MODEL, outcome
+from tests.real_engine.side_by_side import (
+    CASES,
+    CORRECTIONS,
+    MODEL,
+    outcome,
+    start_upstream_server,
+)
 
 pytestmark = pytest.mark.timeout(900)
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "errors" / "status-mapping.md"
-
-
-def _upstream_server(directory: Path, engine_args: dict[str, Any]) -> OmniServer:
-    """Upstream's own server with the pipeline's engine arguments."""
-    port = free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--port",
-        str(port),
-        "--served-model-name",
-        MODEL,
-        "--model",
-        str(engine_args["model"]),
-        "--max-model-len",
-        str(engine_args["max_model_len"]),
-        "--dtype",
-        str(engine_args["dtype"]),
-        "--max-num-seqs",
-        str(engine_args["max_num_seqs"]),
-        "--enforce-eager",
-    ]
-    log_path = directory / f"upstream-{port}.log"
-    proc = subprocess.Popen(
-        argv,
-        env=dict(os.environ),
-        stdout=log_path.open("wb"),
-        stderr=subprocess.STDOUT,
-    )
-    return OmniServer(proc, f"http://127.0.0.1:{port}", log_path)
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +51,7 @@ def servers(
     pipeline.write_text(yaml.safe_dump(data))
     engine_args = data["stages"][0]["options"]["engine_args"]
     started = {
-        "upstream": _upstream_server(directory, engine_args),
+        "upstream": start_upstream_server(directory, engine_args),
         "omni": start_server(directory, pipeline),
     }
     with running_servers(started) as ready:
