@@ -156,9 +156,14 @@ class Ours:
     """``AsyncOmni`` on the tiny pipeline, driven as its callers drive it."""
 
     def __init__(self, engine: Any) -> None:
+        from vllm_omni.engine import hops
+
         self.engine = engine
+        # The caller's side of the hop marks (--breakdown; a no-op otherwise).
+        self.mark = hops.mark
 
     async def first_token(self, request_id: str) -> float:
+        self.mark(request_id, "caller.generate")
         start = time.perf_counter()
         stream = self.engine.generate(
             PROMPT, request_id=request_id, params={"max_tokens": TTFT_TOKENS}
@@ -166,6 +171,7 @@ class Ours:
         async for output in stream:
             if output.text_delta:
                 elapsed = time.perf_counter() - start
+                self.mark(request_id, "caller.first")
                 await stream.aclose()
                 return elapsed
         raise RuntimeError("no text")
@@ -178,6 +184,8 @@ class Ours:
             PROMPT, request_id=request_id, params=params
         ):
             now = time.perf_counter()
+            if output.text_delta or output.finish_reason:
+                self.mark(request_id, "caller.token")
             if not first and output.text_delta:
                 first = now
             if output.finish_reason is not None and not last:
@@ -191,6 +199,7 @@ class Ours:
     async def rejected(self, request_id: str) -> float:
         from vllm_omni.errors import OmniClientError
 
+        self.mark(request_id, "caller.generate")
         start = time.perf_counter()
         try:
             async for _ in self.engine.generate(
@@ -198,11 +207,41 @@ class Ours:
             ):
                 pass
         except OmniClientError:
-            return time.perf_counter() - start
+            elapsed = time.perf_counter() - start
+            self.mark(request_id, "caller.raised")
+            return elapsed
         raise RuntimeError("no error")
 
     def shutdown(self) -> None:
         self.engine.shutdown()
+
+
+class InProcessStage:
+    """Our ``vllm`` stage's own code on the baseline's engine, in this
+    process: what the stage adds to ``AsyncLLM`` without any hop."""
+
+    def __init__(self, pipeline: Path, engine: Any) -> None:
+        from vllm_omni.config import load_pipeline
+        from vllm_omni.stages.vllm_backend import VLLMStage
+
+        config = load_pipeline(str(pipeline))
+        stage = next(s for s in config.stages if s.kind == "vllm")
+        self.stage = VLLMStage(stage, config, engine_factory=lambda _: engine)
+
+    async def first_token(self, request_id: str) -> float:
+        from vllm_omni.engine.messages import Submit
+
+        start = time.perf_counter()
+        submit = Submit(
+            request_id=request_id, prompt=PROMPT, params={"max_tokens": TTFT_TOKENS}
+        )
+        stream = self.stage.generate(submit)
+        async for payload in stream:
+            if payload.text:
+                elapsed = time.perf_counter() - start
+                await stream.aclose()  # type: ignore[attr-defined]
+                return elapsed
+        raise RuntimeError("no text")
 
 
 Measure = Callable[[str], Awaitable[float]]
@@ -321,6 +360,192 @@ async def measure_engines(
     ]
 
 
+# What each segment of the breakdown is, by (from step, to step).
+DESCRIBE = {
+    ("caller.generate", "orchestrator.generate"): "AsyncOmni.generate",
+    ("orchestrator.generate", "orchestrator.submit"): (
+        "orchestrator: checks, admission, route"
+    ),
+    ("orchestrator.submit", "stage.received"): (
+        "wire to the stage: encode, ZMQ, the stage's loop wakes, decode"
+    ),
+    ("stage.received", "stage.started"): "stage event loop: the request's task starts",
+    ("stage.started", "stage.payload"): "the stage's work",
+    ("stage.payload", "stage.finished"): "stage sends its payload, then finished",
+    ("stage.finished", "orchestrator.submit"): (
+        "wire back; the orchestrator reads both, submits to the next stage"
+    ),
+    ("stage.started", "engine.generate"): "vllm stage: SamplingParams from params",
+    ("engine.generate", "engine.output"): (
+        "upstream AsyncLLM in the stage process, to its first output"
+    ),
+    ("engine.output", "stage.payload"): "vllm stage: output to payload",
+    ("stage.payload", "stage.sent"): "stage: encode, ZMQ send",
+    ("stage.sent", "orchestrator.received"): (
+        "wire back: ZMQ, the orchestrator's loop wakes, decode"
+    ),
+    ("orchestrator.received", "orchestrator.yield"): (
+        "orchestrator: dispatch, request queue, its generator"
+    ),
+    ("orchestrator.yield", "caller.first"): "generator layers up to the caller",
+    ("orchestrator.yield", "caller.token"): "generator layers up to the caller",
+    ("engine.generate", "stage.failing"): "upstream refuses the prompt",
+    ("stage.failing", "stage.failed"): "normalize, encode, send the record",
+    ("stage.failed", "orchestrator.error"): (
+        "wire back: ZMQ, the orchestrator's loop wakes, decode"
+    ),
+    ("orchestrator.error", "caller.raised"): (
+        "to_exception, generator layers, the caller's exception"
+    ),
+}
+
+
+def _ms(value: float) -> str:
+    return f"{value:.3f}"
+
+
+def _markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _segments(title: str, paths: list[Any]) -> str:
+    from benchmarks.breakdown import segment_table
+
+    rows = [
+        (f"`{label}`", what, _ms(ms))
+        for label, what, ms in segment_table(paths, DESCRIBE)
+    ]
+    return f"{title} ({len(paths)} requests)\n\n" + _markdown(
+        ("segment", "what", "median ms"), rows
+    )
+
+
+def _codec_us() -> list[tuple[str, str]]:
+    """Encode and decode of the two messages on the per-request path."""
+    import timeit
+
+    from vllm_omni.engine import messages as m
+
+    output = m.Output(request_id="ttft-1", stage_id=1, payload=m.Payload(text=" world"))
+    submit = m.Submit(
+        request_id="ttft-1", prompt=PROMPT, params={"max_tokens": TTFT_TOKENS}
+    )
+    rows = []
+    for name, message in (("Output (one token)", output), ("Submit", submit)):
+        data = m.encode(message)
+        for verb, call in (
+            ("encode", lambda message=message: m.encode(message)),
+            ("decode", lambda data=data: m.decode(data)),
+        ):
+            best = min(timeit.repeat(call, number=2000, repeat=5)) / 2000
+            rows.append((f"{verb} {name}", f"{best * 1e6:.2f}"))
+    return rows
+
+
+async def breakdown(
+    direct: Direct, ours: Ours, inproc: InProcessStage, rounds: Rounds
+) -> str:
+    """The per-hop tables (Markdown) from traced requests; see ``breakdown``."""
+    from benchmarks.breakdown import by_request, critical_path, per_token
+    from vllm_omni.engine import hops
+
+    if not hops.enabled():
+        raise RuntimeError(f"--breakdown needs {hops.ENV}=1 before vllm_omni loads")
+    route = [(stage.id, stage.name) for stage in ours.engine.config.stages]
+    sides: dict[str, Measure] = {
+        "direct": direct.first_token,
+        "stage in process": inproc.first_token,
+        "ours": ours.first_token,
+    }
+    ttft: dict[str, list[float]] = {name: [] for name in sides}
+    for index in range(rounds.warmup + rounds.ttft):
+        names = list(sides)
+        names = names[index % 3 :] + names[: index % 3]
+        for name in names:
+            elapsed = await sides[name](f"b-ttft-{name[:2]}-{index}")
+            if index >= rounds.warmup:
+                ttft[name].append(elapsed)
+    rejected_direct = [
+        await direct.rejected(f"b-rej-di-{i}") for i in range(rounds.rejected)
+    ]
+    rejected_ours = [
+        await ours.rejected(f"b-rej-ou-{i}") for i in range(rounds.rejected)
+    ]
+    streams_direct = [
+        await direct.stream(f"b-itl-di-{i}", STREAM_TOKENS)
+        for i in range(rounds.stream)
+    ]
+    streams_ours = [
+        await ours.stream(f"b-itl-ou-{i}", STREAM_TOKENS) for i in range(rounds.stream)
+    ]
+    marks = hops.take()
+    # The stages' own marks, through the stage utility (benchmark-only).
+    for stage_marks in (await ours.engine._orchestrator.call_utility("hops")).values():
+        marks += [tuple(entry) for entry in stage_marks or ()]
+    requests = by_request(marks)
+
+    def paths(prefix: str, **kwargs: Any) -> list[Any]:
+        found = [
+            critical_path(entries, route, **kwargs)
+            for rid, entries in requests.items()
+            if rid.startswith(prefix)
+        ]
+        return [path for path in found if path]
+
+    ttft_paths = paths("b-ttft-ou-", start="caller.generate", end="caller.first")
+    rejected_paths = paths(
+        "b-rej-ou-", start="caller.generate", end="caller.raised", failing=True
+    )
+    token_paths = [
+        path
+        for rid, entries in requests.items()
+        if rid.startswith("b-itl-ou-")
+        for path in per_token(entries, route[-1], "caller.token")
+    ]
+    engine_itl = []
+    for rid, entries in requests.items():
+        outputs = [ns for _, point, _, ns in entries if point == "engine.output"]
+        if rid.startswith("b-itl-ou-") and len(outputs) > 1:
+            engine_itl.append((outputs[-1] - outputs[0]) / 1e6 / (len(outputs) - 1))
+    med = statistics.median
+    summary = [
+        ("TTFT, upstream AsyncLLM direct", _ms(med(ttft["direct"]) * 1e3)),
+        (
+            "TTFT, our vllm stage's code on that engine, in process",
+            _ms(med(ttft["stage in process"]) * 1e3),
+        ),
+        ("TTFT, AsyncOmni (stage processes)", _ms(med(ttft["ours"]) * 1e3)),
+        ("rejected request, upstream direct", _ms(med(rejected_direct) * 1e3)),
+        ("rejected request, AsyncOmni", _ms(med(rejected_ours) * 1e3)),
+        (
+            f"inter-token latency ({STREAM_TOKENS} tokens), upstream direct",
+            _ms(med(s.inter_token for s in streams_direct) * 1e3),
+        ),
+        (
+            "inter-token latency, AsyncLLM inside the stage (its outputs)",
+            _ms(med(engine_itl)) if engine_itl else "–",
+        ),
+        (
+            "inter-token latency, AsyncOmni caller",
+            _ms(med(s.inter_token for s in streams_ours) * 1e3),
+        ),
+    ]
+    codec = _codec_us()
+    load = os.getloadavg()
+    return "\n\n".join(
+        [
+            f"load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}",
+            _markdown(("measure", "median ms"), summary),
+            _segments("Time to first token, AsyncOmni", ttft_paths),
+            _segments("Rejected request, AsyncOmni", rejected_paths),
+            _segments("Each streamed token after the first", token_paths),
+            _markdown(("message codec", "µs"), codec),
+        ]
+    )
+
+
 async def _http_first_token(client: Any, url: str) -> float:
     import json
 
@@ -371,8 +596,8 @@ async def measure_http(
 
 
 async def _measure_engines(
-    pipeline: Path, engine_args: dict[str, Any], rounds: Rounds
-) -> list[dict[str, object]]:
+    pipeline: Path, engine_args: dict[str, Any], rounds: Rounds, traced: bool
+) -> list[dict[str, object]] | str:
     from vllm_omni.entrypoints.async_omni import AsyncOmni
 
     # Ours starts in its stage processes while upstream's engine is built here.
@@ -384,6 +609,9 @@ async def _measure_engines(
     try:
         ours = Ours(await starting)
         try:
+            if traced:
+                inproc = InProcessStage(pipeline, direct.engine)
+                return await breakdown(direct, ours, inproc, rounds)
             return await measure_engines(direct, ours, rounds)
         finally:
             ours.shutdown()
@@ -424,17 +652,47 @@ def run(quick: bool = False, http: bool = True) -> list[dict[str, object]]:
         stages = yaml.safe_load(pipeline.read_text())["stages"]
         vllm_stage = next(s for s in stages if s["kind"] == "vllm")
         engine_args = vllm_stage["options"]["engine_args"]
-        rows = asyncio.run(_measure_engines(pipeline, engine_args, rounds))
+        rows = asyncio.run(_measure_engines(pipeline, engine_args, rounds, False))
+        assert isinstance(rows, list)
         if http:
             rows += _measure_servers(Path(tmp), pipeline, engine_args, rounds)
     return rows
+
+
+def run_breakdown(quick: bool = False) -> str:
+    """The per-hop tables: the engines in process, every hop marked."""
+    import yaml
+
+    from tests.real_engine.conftest import write_tiny_pipeline
+    from tests.real_engine.tiny_model import build_tiny_model
+
+    rounds = QUICK if quick else FULL
+    with tempfile.TemporaryDirectory() as tmp:
+        pipeline = write_tiny_pipeline(Path(tmp), build_tiny_model())
+        stages = yaml.safe_load(pipeline.read_text())["stages"]
+        engine_args = next(s for s in stages if s["kind"] == "vllm")["options"][
+            "engine_args"
+        ]
+        tables = asyncio.run(_measure_engines(pipeline, engine_args, rounds, True))
+    assert isinstance(tables, str)
+    return tables
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_real_engine")
     parser.add_argument("--quick", action="store_true", help="a few rounds only")
     parser.add_argument("--no-http", action="store_true", help="skip the servers")
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="instead: where the time goes, hop by hop (Markdown tables)",
+    )
     args = parser.parse_args(argv)
+    if args.breakdown:
+        # Before vllm_omni is imported here or in the stage launcher.
+        os.environ["VLLM_OMNI_TRACE_HOPS"] = "1"
+        print(run_breakdown(quick=args.quick))
+        return 0
     load = os.getloadavg()
     rows = run(quick=args.quick, http=not args.no_http)
     print(

@@ -72,7 +72,7 @@ import zmq.asyncio
 from vllm.exceptions import QueueOverflowError
 
 from vllm_omni.config import PipelineConfig, StageConfig
-from vllm_omni.engine import liveness, processes
+from vllm_omni.engine import hops, liveness, processes
 from vllm_omni.engine import messages as m
 from vllm_omni.engine.processes import LauncherError, Lease, StageProcess
 from vllm_omni.engine.stage_worker import WorkerSpec, stage_identity
@@ -581,6 +581,7 @@ class Orchestrator:
 
     def _dispatch(self, handle: _StageHandle, message: m.Message) -> None:
         if isinstance(message, m.Output):
+            hops.mark(message.request_id, "orchestrator.received", handle.config.id)
             request = self._by_wire.get(message.request_id)
             if (
                 request is not None
@@ -593,6 +594,7 @@ class Orchestrator:
                     self._cancel_timer(request)
                 request.queue.put_nowait(message)
         elif isinstance(message, m.ErrorMessage):
+            hops.mark(message.request_id or "", "orchestrator.error", handle.config.id)
             self._on_error(handle, message.to_details(), message.reason)
         elif isinstance(message, m.Ready):
             handle.pid = message.pid
@@ -835,6 +837,7 @@ class Orchestrator:
         params: Mapping[str, Any],
     ) -> AsyncGenerator[OmniRequestOutput, None]:
         """Run one request along its route; see ``AsyncOmni.generate``."""
+        hops.mark(request_id, "orchestrator.generate")
         self._check_serving(request_id)
         wanted = frozenset(modalities)
         route = self.route(wanted)
@@ -947,6 +950,7 @@ class Orchestrator:
                 if "text" in wanted and stage.kind in _TEXT_KINDS:
                     choice = _choice(final, payload)
                     if payload.text or payload.finish_reason or payload.logprobs:
+                        hops.mark(request.wire_id, "orchestrator.yield", stage.id)
                         yield OmniRequestOutput(
                             request_id=request.request_id,
                             text=choice.text,
@@ -987,6 +991,7 @@ class Orchestrator:
             request.timer = loop.call_later(
                 stage.timeout_s, self._on_deadline, request, stage
             )
+        hops.mark(request.wire_id, "orchestrator.submit", stage.id)
         self._post(self._handles[stage.id], submit, request)
 
     def _admit(self, request: _Request, stage: StageConfig) -> None:

@@ -60,7 +60,7 @@ import zmq.asyncio
 
 from vllm_omni import __version__
 from vllm_omni.config import PipelineConfig, StageConfig, load_pipeline
-from vllm_omni.engine import liveness
+from vllm_omni.engine import hops, liveness
 from vllm_omni.engine import messages as m
 from vllm_omni.engine.faults import apply_fault, matching_fault
 from vllm_omni.errors import OmniServiceUnavailableError, fatal_reason, normalize
@@ -239,6 +239,7 @@ class StageWorker:
             message = m.decode(await self._socket.recv())
             self._last_heard = time.monotonic()
             if isinstance(message, m.Submit):
+                hops.mark(message.request_id, "stage.received", self.stage_id)
                 self._submit(message)
             elif isinstance(message, m.Abort):
                 self._abort(message.request_id)
@@ -289,6 +290,8 @@ class StageWorker:
         )
 
     def _utility(self, method: str) -> Any:
+        if method == "hops":
+            return hops.take()
         if method == "stats":
             stats = self._stats
             return {
@@ -310,6 +313,7 @@ class StageWorker:
 
     async def _run(self, request: m.Submit) -> None:
         request_id = request.request_id
+        hops.mark(request_id, "stage.started", self.stage_id)
         _request_id.set(request_id)  # this task's context only
         assert self._stage is not None
         try:
@@ -317,14 +321,17 @@ class StageWorker:
             if fault is not None:
                 await apply_fault(fault)
             async for payload in self._stage.generate(request):
+                hops.mark(request_id, "stage.payload", self.stage_id)
                 await self._send(
                     m.Output(
                         request_id=request_id, stage_id=self.stage_id, payload=payload
                     )
                 )
+                hops.mark(request_id, "stage.sent", self.stage_id)
             await self._send(
                 m.Output(request_id=request_id, stage_id=self.stage_id, finished=True)
             )
+            hops.mark(request_id, "stage.finished", self.stage_id)
             self._stats.completed += 1
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
@@ -338,6 +345,7 @@ class StageWorker:
 
     async def _fail(self, request_id: str, exc: BaseException) -> None:
         """Send the request's error record; the real text stays in this log."""
+        hops.mark(request_id, "stage.failing", self.stage_id)
         self._stats.failed += 1
         details = normalize(exc, request_id=request_id, stage_id=self.stage_id)
         # The real text (and traceback) of a server error stays in this log.
@@ -352,6 +360,7 @@ class StageWorker:
         )
         reason = fatal_reason(exc) if details.fatal else None
         await self._send(m.ErrorMessage.from_details(details, reason=reason))
+        hops.mark(request_id, "stage.failed", self.stage_id)
         if details.fatal:
             self._die()
 

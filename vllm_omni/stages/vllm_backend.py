@@ -51,6 +51,7 @@ from http import HTTPStatus
 from typing import Any, ClassVar, NoReturn
 
 from vllm_omni.config import PipelineConfig, StageConfig
+from vllm_omni.engine import hops
 from vllm_omni.engine.messages import Payload, Submit
 from vllm_omni.errors import (
     GenerationError,
@@ -399,6 +400,7 @@ class VLLMStage(Stage):
                 0,
                 set(request.params),
             )
+        hops.mark(request.request_id, "engine.generate", self.config.id)
         stream = self._engine.generate(
             inputs.prompt,
             inputs.sampling,
@@ -412,6 +414,7 @@ class VLLMStage(Stage):
         # Closing the stream on cancel lets AsyncLLM abort the request itself.
         try:
             async for output in stream:
+                hops.mark(request.request_id, "engine.output", self.config.id)
                 error = getattr(output, "error", None)
                 if error is not None:
                     raise to_exception(
