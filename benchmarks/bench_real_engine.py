@@ -380,9 +380,8 @@ DESCRIBE = {
         "upstream AsyncLLM in the stage process, to its first output"
     ),
     ("engine.output", "stage.payload"): "vllm stage: output to payload",
-    ("stage.payload", "stage.sent"): "stage: encode, ZMQ send",
-    ("stage.sent", "orchestrator.received"): (
-        "wire back: ZMQ, the orchestrator's loop wakes, decode"
+    ("stage.payload", "orchestrator.received"): (
+        "wire back: encode, ZMQ, the orchestrator's loop wakes, decode"
     ),
     ("orchestrator.received", "orchestrator.yield"): (
         "orchestrator: dispatch, request queue, its generator"
@@ -390,9 +389,9 @@ DESCRIBE = {
     ("orchestrator.yield", "caller.first"): "generator layers up to the caller",
     ("orchestrator.yield", "caller.token"): "generator layers up to the caller",
     ("engine.generate", "stage.failing"): "upstream refuses the prompt",
-    ("stage.failing", "stage.failed"): "normalize, encode, send the record",
+    ("stage.failing", "stage.failed"): "normalize, the record",
     ("stage.failed", "orchestrator.error"): (
-        "wire back: ZMQ, the orchestrator's loop wakes, decode"
+        "wire back: encode, ZMQ, the orchestrator's loop wakes, decode"
     ),
     ("orchestrator.error", "caller.raised"): (
         "to_exception, generator layers, the caller's exception"
@@ -448,7 +447,7 @@ async def breakdown(
     direct: Direct, ours: Ours, inproc: InProcessStage, rounds: Rounds
 ) -> str:
     """The per-hop tables (Markdown) from traced requests; see ``breakdown``."""
-    from benchmarks.breakdown import by_request, critical_path, per_token
+    from benchmarks.breakdown import by_request, critical_path, per_token, send_cost
     from vllm_omni.engine import hops
 
     if not hops.enabled():
@@ -504,6 +503,12 @@ async def breakdown(
         if rid.startswith("b-itl-ou-")
         for path in per_token(entries, route[-1], "caller.token")
     ]
+    sends = [
+        ms
+        for rid, entries in requests.items()
+        if rid.startswith("b-itl-ou-")
+        for ms in send_cost(entries, route[-1][0])
+    ]
     engine_itl = []
     for rid, entries in requests.items():
         outputs = [ns for _, point, _, ns in entries if point == "engine.output"]
@@ -530,6 +535,10 @@ async def breakdown(
         (
             "inter-token latency, AsyncOmni caller",
             _ms(med(s.inter_token for s in streams_ours) * 1e3),
+        ),
+        (
+            "per token, in the stage: encode and ZMQ send",
+            _ms(med(sends)) if sends else "–",
         ),
     ]
     codec = _codec_us()

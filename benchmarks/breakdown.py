@@ -29,7 +29,13 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from vllm_omni.engine.hops import Mark
 
-__all__ = ["by_request", "critical_path", "per_token", "segment_table"]
+__all__ = [
+    "by_request",
+    "critical_path",
+    "per_token",
+    "segment_table",
+    "send_cost",
+]
 
 # The steps of a stage before the last one, in causal order.
 _THROUGH = (
@@ -47,7 +53,6 @@ _LAST = (
     "engine.generate",
     "engine.output",
     "stage.payload",
-    "stage.sent",
     "orchestrator.received",
     "orchestrator.yield",
 )
@@ -119,8 +124,9 @@ def per_token(
     marks: Sequence[Mark], stage: tuple[int, str], caller: str
 ) -> list[list[tuple[str, int]]]:
     """Each streamed token after the first, from the engine's output to the
-    caller: engine output, stage payload, stage send, orchestrator receive,
-    orchestrator yield, the caller's ``caller`` mark."""
+    caller: engine output, stage payload, orchestrator receive, orchestrator
+    yield, the caller's ``caller`` mark (``stage.sent``, after the send, is
+    not on the path: the orchestrator may read before the stage marks it)."""
     stage_id, name = stage
     series: dict[str, list[int]] = defaultdict(list)
     for _, point, sid, ns in marks:
@@ -134,7 +140,6 @@ def per_token(
             steps = [
                 (f"engine.output [{name}]", output),
                 (f"stage.payload [{name}]", payloads[k]),
-                (f"stage.sent [{name}]", series["stage.sent"][k]),
                 (f"orchestrator.received [{name}]", series["orchestrator.received"][k]),
                 (f"orchestrator.yield [{name}]", series["orchestrator.yield"][k]),
                 (caller, series[caller][k]),
@@ -143,6 +148,13 @@ def per_token(
             continue
         paths.append(steps)
     return paths
+
+
+def send_cost(marks: Sequence[Mark], stage_id: int) -> list[float]:
+    """ms from each payload to the end of its send (encode, ZMQ send)."""
+    payloads = [ns for _, p, s, ns in marks if p == "stage.payload" and s == stage_id]
+    sent = [ns for _, p, s, ns in marks if p == "stage.sent" and s == stage_id]
+    return [(b - a) / 1e6 for a, b in zip(payloads, sent, strict=False)]
 
 
 def segment_table(

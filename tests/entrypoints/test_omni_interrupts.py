@@ -112,7 +112,8 @@ def test_dropped_omni_stops_stages_and_loop_thread(pipeline: Path) -> None:
     omni = Omni(pipeline=pipeline)
     pids = [pid for pid in omni.engine.stage_pids().values() if pid is not None]
     thread = omni._thread
-    assert len(pids) == 2 and thread.is_alive()
+    # The thinker's process; the guardrail runs in this one.
+    assert len(pids) == 1 and thread.is_alive()
     del omni
     gc.collect()
     deadline = time.monotonic() + 2.0

@@ -13,7 +13,8 @@ marks of different processes of one machine compare). ``take`` hands them
 over and forgets them; a stage hands its own over through the ``hops``
 utility (``Orchestrator.call_utility("hops")``). Points name the process
 side and the step (``orchestrator.submit``, ``stage.received``, …), with
-the stage the step is about.
+the stage the step is about. A step that sends is marked before the send
+(except ``stage.sent``, right after it): the receiver's mark may come first.
 
 This module must not change what any hop does: it only records when.
 """

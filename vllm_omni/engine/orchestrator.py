@@ -71,9 +71,11 @@ import zmq
 import zmq.asyncio
 from vllm.exceptions import QueueOverflowError
 
+from vllm_omni import __version__
 from vllm_omni.config import PipelineConfig, StageConfig
 from vllm_omni.engine import hops, liveness, processes
 from vllm_omni.engine import messages as m
+from vllm_omni.engine.inline import InlineStage, runs_inline
 from vllm_omni.engine.processes import LauncherError, Lease, StageProcess
 from vllm_omni.engine.stage_worker import WorkerSpec, stage_identity
 from vllm_omni.errors import (
@@ -82,6 +84,7 @@ from vllm_omni.errors import (
     OmniServiceUnavailableError,
     OmniStageTimeoutError,
     VLLMValidationError,
+    fatal_reason,
     normalize,
     sanitize_request_id,
     to_exception,
@@ -211,6 +214,8 @@ class _StageHandle:
         self.last_seen = loop.time()
         # The launcher's probe got no answer: requests for it are refused.
         self.silent = False
+        # Set when the stage runs in this process (``engine.inline``).
+        self.inline: InlineStage | None = None
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -413,6 +418,7 @@ class Orchestrator:
                     ),
                 )
             self._tasks.append(asyncio.create_task(self._watch(), name="omni-watch"))
+            await self._start_inline()
             for handle in self._handles.values():
                 if handle.config.remote:
                     logger.warning(
@@ -457,6 +463,42 @@ class Orchestrator:
         socket.bind(address)
         return address
 
+    async def _start_inline(self) -> None:
+        """Build and start the stages that run in this process (``inline``);
+        one that cannot start is that stage's startup error, as from a stage
+        process."""
+        local = self._launcher is None
+        level, tracebacks = _stage_log_settings()
+        for handle in self._handles.values():
+            stage = handle.config
+            if not runs_inline(stage, self.pipeline, local):
+                continue
+            try:
+                handle.inline = InlineStage(
+                    stage, self.pipeline, log_level=level, log_tracebacks=tracebacks
+                )
+                await handle.inline.start()
+            except Exception as error:
+                lines = str(error).strip().splitlines()
+                self._fail_start(
+                    stage, f"{type(error).__name__}: {lines[0]}" if lines else ""
+                )
+                return
+            handle.ready.set_result(
+                m.Ready(
+                    stage_id=stage.id,
+                    pid=os.getpid(),
+                    kind=stage.kind,
+                    version=__version__,
+                    wire=m.WIRE_VERSION,
+                )
+            )
+            logger.info(
+                "stage %d (%s) ready in the orchestrator's process",
+                stage.id,
+                stage.kind,
+            )
+
     def _spawn_local(self) -> None:
         """Start local stage processes (in a thread: the first start waits for
         the launcher to import vLLM)."""
@@ -465,7 +507,7 @@ class Orchestrator:
         self._finalizer = weakref.finalize(self, _reap, started, lease, self._ipc_dir)
         level, tracebacks = _stage_log_settings()
         for handle in self._handles.values():
-            if handle.config.remote:
+            if handle.config.remote or runs_inline(handle.config, self.pipeline, True):
                 continue
             spec = WorkerSpec(
                 stage=handle.config,
@@ -528,7 +570,13 @@ class Orchestrator:
         request: _Request | None = None,
     ) -> None:
         """Send without waiting (no high-water mark: it never blocks). A send
-        that fails (the stage is not connected) fails ``request``, if given."""
+        that fails (the stage is not connected) fails ``request``, if given.
+        A stage in this process hears its aborts directly (``_run`` runs its
+        requests; it has nothing to shut down or beat for)."""
+        if handle.inline is not None:
+            if isinstance(message, m.Abort):
+                handle.inline.abort(message.request_id)
+            return
         if self._socket is None or self._socket.closed:
             if request is not None:
                 self._fail_send(request, handle)
@@ -922,16 +970,16 @@ class Orchestrator:
         final = OmniRequestOutput(request_id=request.request_id)
         inputs: m.Payload | None = None
         for stage in route:
-            self._submit(
-                request,
-                stage,
-                m.Submit(
-                    request_id=request.wire_id,
-                    prompt=prompt,
-                    params=params,
-                    inputs=inputs,
-                ),
+            submit = m.Submit(
+                request_id=request.wire_id,
+                prompt=prompt,
+                params=params,
+                inputs=inputs,
             )
+            self._submit(request, stage, submit)
+            inline = self._handles[stage.id].inline
+            if inline is not None:
+                await self._run_inline(request, stage, inline, submit)
             result = m.Payload()
             while True:
                 item = await request.queue.get()
@@ -992,7 +1040,39 @@ class Orchestrator:
                 stage.timeout_s, self._on_deadline, request, stage
             )
         hops.mark(request.wire_id, "orchestrator.submit", stage.id)
-        self._post(self._handles[stage.id], submit, request)
+        handle = self._handles[stage.id]
+        if handle.inline is None:
+            self._post(handle, submit, request)
+
+    async def _run_inline(
+        self,
+        request: _Request,
+        stage: StageConfig,
+        inline: InlineStage,
+        submit: m.Submit,
+    ) -> None:
+        """Run the request through a stage in this process; what comes out
+        is queued for ``_run`` as a stage process's messages would be."""
+        payloads, failure = await inline.run(submit)
+        if request.closed or request.stage is not stage:
+            return  # failed, aborted or timed out meanwhile: already queued
+        if failure is not None:
+            details, exc = failure
+            if details.fatal:
+                self._mark_dead(
+                    stage.id, fatal_reason(exc) or "the stage reported a fatal error"
+                )
+            else:
+                self._close(request, to_exception(details))
+            return
+        self._cancel_timer(request)
+        for payload in payloads:
+            request.queue.put_nowait(
+                m.Output(request_id=request.wire_id, stage_id=stage.id, payload=payload)
+            )
+        request.queue.put_nowait(
+            m.Output(request_id=request.wire_id, stage_id=stage.id, finished=True)
+        )
 
     def _admit(self, request: _Request, stage: StageConfig) -> None:
         """Take a slot in ``stage``, or refuse the request: the stage holds its
@@ -1083,6 +1163,8 @@ class Orchestrator:
         futures: dict[int, asyncio.Future[Any]] = {}
         for stage_id, handle in self._handles.items():
             alive = handle.process is None or handle.process.is_alive()
+            if handle.inline is not None:
+                continue
             if handle.ready.done() and not handle.ready.exception() and alive:
                 call_id = next(self._call_ids)
                 futures[stage_id] = self._calls[call_id] = loop.create_future()
@@ -1090,7 +1172,10 @@ class Orchestrator:
         if futures:
             await asyncio.wait(futures.values(), timeout=timeout_s)
         results: dict[int, Any] = {}
-        for stage_id in self._handles:
+        for stage_id, handle in self._handles.items():
+            if handle.inline is not None:
+                results[stage_id] = handle.inline.utility(method)
+                continue
             future = futures.get(stage_id)
             done = future is not None and future.done() and not future.cancelled()
             results[stage_id] = future.result() if done else None  # type: ignore[union-attr]

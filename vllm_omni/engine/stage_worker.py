@@ -52,7 +52,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import zmq
@@ -64,18 +64,23 @@ from vllm_omni.engine import hops, liveness
 from vllm_omni.engine import messages as m
 from vllm_omni.engine.faults import apply_fault, matching_fault
 from vllm_omni.errors import OmniServiceUnavailableError, fatal_reason, normalize
+from vllm_omni.errors.details import OmniErrorDetails
 from vllm_omni.errors.logs import install_log_redaction
-from vllm_omni.errors.sanitize import warm_rule_set
+from vllm_omni.errors.sanitize import redact_credentials, warm_rule_set
 from vllm_omni.stages import build_stage
 from vllm_omni.stages.base import Stage
 
 __all__ = [
     "LOG_FORMAT",
+    "StageStats",
     "WorkerSpec",
     "configure_logging",
+    "log_abort",
+    "log_failure",
     "main",
     "run_stage_process",
     "stage_identity",
+    "stage_logger",
 ]
 
 logger = logging.getLogger("vllm_omni.stage")
@@ -115,8 +120,8 @@ class WorkerSpec:
 
 
 @dataclasses.dataclass(slots=True)
-class _Stats:
-    """What this stage saw; returned by the ``stats`` utility."""
+class StageStats:
+    """What a stage saw; returned by the ``stats`` utility (``report``)."""
 
     submitted: int = 0
     completed: int = 0
@@ -128,6 +133,58 @@ class _Stats:
         default_factory=lambda: collections.deque(maxlen=_RECENT)
     )
 
+    def report(
+        self, stage: StageConfig, active: Iterable[str], compact: bool
+    ) -> dict[str, Any]:
+        """The ``stats`` utility's answer (``AsyncOmni.stage_stats``)."""
+        return {
+            "stage_id": stage.id,
+            "name": stage.name,
+            "kind": stage.kind,
+            "pid": os.getpid(),
+            "submitted": self.submitted,
+            "completed": self.completed,
+            "failed": self.failed,
+            "active": sorted(active),
+            "aborts": list(self.aborts),
+            "cancelled": list(self.cancelled),
+            "compact_errors": compact,
+        }
+
+
+def log_abort(
+    stage_id: int, request_id: str, running: bool, log: logging.Logger = logger
+) -> None:
+    """The one line a stage logs when a request is aborted in it."""
+    log.info(
+        "stage %d: request %s aborted%s",
+        stage_id,
+        request_id,
+        " (running work cancelled)" if running else "",
+        extra={"request_id": request_id},
+    )
+
+
+def log_failure(
+    stage_id: int,
+    request_id: str,
+    details: OmniErrorDetails,
+    exc: BaseException,
+    log: logging.Logger = logger,
+) -> None:
+    """The one line a stage logs when a request failed in it: the real text
+    (and traceback) of a server error stays in the log."""
+    log.log(
+        logging.INFO if details.is_client else logging.WARNING,
+        "stage %d request %s failed (%s %d)",
+        stage_id,
+        request_id,
+        details.error_type,
+        details.status_code,
+        exc_info=None if details.is_client else exc,
+        extra={"request_id": request_id},
+    )
+
 
 class StageWorker:
     """Serves one stage over a DEALER socket until shut down or orphaned."""
@@ -137,7 +194,7 @@ class StageWorker:
         self.stage_id = spec.stage.id
         self._faults = spec.pipeline.faults_for(self.stage_id)
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._stats = _Stats()
+        self._stats = StageStats()
         self._last_heard = time.monotonic()
         # Made inside the running loop (serve), which zmq.asyncio binds them to.
         self._context: zmq.asyncio.Context | None = None
@@ -281,32 +338,13 @@ class StageWorker:
         if running:
             task.cancel()  # type: ignore[union-attr]
             self._stats.cancelled.append(request_id)
-        logger.info(
-            "stage %d: request %s aborted%s",
-            self.stage_id,
-            request_id,
-            " (running work cancelled)" if running else "",
-            extra={"request_id": request_id},
-        )
+        log_abort(self.stage_id, request_id, running)
 
     def _utility(self, method: str) -> Any:
         if method == "hops":
             return hops.take()
         if method == "stats":
-            stats = self._stats
-            return {
-                "stage_id": self.stage_id,
-                "name": self.spec.stage.name,
-                "kind": self.spec.stage.kind,
-                "pid": os.getpid(),
-                "submitted": stats.submitted,
-                "completed": stats.completed,
-                "failed": stats.failed,
-                "active": sorted(self._tasks),
-                "aborts": list(stats.aborts),
-                "cancelled": list(stats.cancelled),
-                "compact_errors": self._compact,
-            }
+            return self._stats.report(self.spec.stage, self._tasks, self._compact)
         return {"error": f"unknown utility {method!r}"}
 
     # -- one request -----------------------------------------------------------
@@ -328,10 +366,10 @@ class StageWorker:
                     )
                 )
                 hops.mark(request_id, "stage.sent", self.stage_id)
+            hops.mark(request_id, "stage.finished", self.stage_id)
             await self._send(
                 m.Output(request_id=request_id, stage_id=self.stage_id, finished=True)
             )
-            hops.mark(request_id, "stage.finished", self.stage_id)
             self._stats.completed += 1
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
@@ -348,19 +386,11 @@ class StageWorker:
         hops.mark(request_id, "stage.failing", self.stage_id)
         self._stats.failed += 1
         details = normalize(exc, request_id=request_id, stage_id=self.stage_id)
-        # The real text (and traceback) of a server error stays in this log.
-        logger.log(
-            logging.INFO if details.is_client else logging.WARNING,
-            "stage %d request %s failed (%s %d)",
-            self.stage_id,
-            request_id,
-            details.error_type,
-            details.status_code,
-            exc_info=None if details.is_client else exc,
-        )
+        log_failure(self.stage_id, request_id, details, exc)
         reason = fatal_reason(exc) if details.fatal else None
-        await self._send(m.ErrorMessage.from_details(details, reason=reason))
+        record = m.ErrorMessage.from_details(details, reason=reason)
         hops.mark(request_id, "stage.failed", self.stage_id)
+        await self._send(record)
         if details.fatal:
             self._die()
 
@@ -432,11 +462,14 @@ class _StageLogFilter(logging.Filter):
 
 
 class _OneLineFormatter(logging.Formatter):
-    """A record is one line; without tracebacks an exception is its last line."""
+    """A record is one line; without tracebacks an exception is its last line.
+    With ``redact``, its credentials go too (for a process whose records are
+    not redacted as they are made, see ``stage_logger``)."""
 
-    def __init__(self, tracebacks: bool) -> None:
+    def __init__(self, tracebacks: bool, redact: bool = False) -> None:
         super().__init__(LOG_FORMAT)
         self.tracebacks = tracebacks
+        self.redact = redact
 
     def formatException(self, ei: Any) -> str:
         if self.tracebacks:
@@ -445,6 +478,8 @@ class _OneLineFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record).replace("\r", "")
+        if self.redact:
+            text = redact_credentials(text)
         return text.replace("\n", " | ")
 
 
@@ -457,6 +492,24 @@ class _LineHandler(logging.Handler):
             os.write(2, data + b"\n")
         except Exception:
             self.handleError(record)
+
+
+def stage_logger(stage_id: int, level: int, tracebacks: bool) -> logging.Logger:
+    """A logger that writes as a stage process does, for a stage that runs in
+    the orchestrator's process (``engine.inline``): the same stamped line on
+    stderr, the same level and traceback choice, credentials redacted; it
+    does not pass its records to the caller's handlers, as a stage process's
+    records never reach them."""
+    log = logging.getLogger(f"vllm_omni.stage.inline.{stage_id}")
+    handler = next((h for h in log.handlers if isinstance(h, _LineHandler)), None)
+    if handler is None:
+        handler = _LineHandler()
+        handler.addFilter(_StageLogFilter(stage_id))
+        log.addHandler(handler)
+        log.propagate = False
+    handler.setFormatter(_OneLineFormatter(tracebacks, redact=True))
+    log.setLevel(level)
+    return log
 
 
 def configure_logging(stage_id: int, level: int, tracebacks: bool) -> None:

@@ -326,14 +326,16 @@ class AsyncOmni:
 
         Per stage id: ``submitted``/``completed``/``failed`` counts, ``active``
         request ids, recent ``aborts`` (every abort received) and
-        ``cancelled`` (aborts that stopped running work), ``pid``,
+        ``cancelled`` (aborts that stopped running work), ``pid`` (this
+        process's for a stage that runs in it),
         ``compact_errors`` (the orchestrator welcomed 0.31 records); ``None``
         for a stage that cannot answer (e.g. it died).
         """
         return await self._orchestrator.call_utility("stats")
 
     def stage_pids(self) -> dict[int, int | None]:
-        """Process id of each stage (``None`` until it is ready)."""
+        """Process id of each stage (``None`` until it is ready, and for a
+        stage that runs in this process: ``vllm_omni.engine.inline``)."""
         return self._orchestrator.stage_pids()
 
     def shutdown(self) -> None:

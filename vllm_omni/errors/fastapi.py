@@ -34,12 +34,18 @@ every 405, and the router's default answers an unmatched WebSocket handshake
 with the same canonical 404 as HTTP instead of Starlette's bare 403. It
 renders only through ``vllm_omni.errors.render``.
 
-Disconnects (DESIGN §9): the boundary owns ``receive``. A watcher task reads
+Disconnects (DESIGN §9): the boundary owns ``receive``, and when the client
+goes away *before the response started* it cancels the route: the engine
+stream closes and the request is aborted in every stage, whatever the route
+was awaiting (a non-streaming result, the first chunk of a stream, an
+upload's body). The route runs in the request's own task; a request still
+unanswered after ``WATCH_AFTER_S`` (10 ms) gets a watcher task that reads
 the client's messages one ahead of the route (so body limits still stop
-reading), and when the client goes away *before the response started* it
-cancels the route at once: the engine stream closes and the request is
-aborted in every stage, whatever the route was awaiting (a non-streaming
-result, the first chunk of a stream, an upload's body). That is logged once
+reading) and cancels it at once; before that, a disconnect the route reads
+itself cancels it, and one it does not read is noticed when the watcher
+starts. A request answered within those 10 ms pays no task and no queue
+(``docs/performance.md``: the boundary costs a success almost nothing).
+A disconnect before the response is logged once
 at INFO, counted in ``vllm_omni:aborts_total{reason="client_disconnect"}``,
 and answered with status 499 (nginx's "client closed request"), which no
 client receives but which keeps ``http_requests_total`` truthful: not a 5xx,
@@ -128,6 +134,9 @@ _START_MESSAGES = frozenset(
 # Start messages that carry response headers (a close frame has none).
 _HEADER_STARTS = _START_MESSAGES - {"websocket.close"}
 _REQUEST_ID = b"x-request-id"
+# A request still running after this long, its response not started, gets a
+# task that watches for its client leaving (see ``_DisconnectWatch``).
+WATCH_AFTER_S = 0.01
 
 
 def request_id_of(conn: HTTPConnection) -> str:
@@ -448,20 +457,23 @@ class ErrorBoundary:
                 ws_receive = self._limit_messages(scope, ws_receive, ws_send)
             await self._call(scope, ws_receive, ws_send)
             return
-        watch = _DisconnectWatch(receive, context)
+        # The route runs in this task; the watch cancels it when the client
+        # leaves before the response started (and takes the cancel back).
+        task = asyncio.current_task()
+        assert task is not None
+        watch = _DisconnectWatch(receive, context, task)
         route_receive = watch.receive
         if self.max_request_bytes is not None:
             route_receive = limit_body(scope, route_receive, self.max_request_bytes)
-        route = asyncio.ensure_future(
-            self._call(scope, route_receive, watch.send(send))
-        )
-        watch.start(route)
         try:
-            await route
+            await self._call(scope, route_receive, send, watch)
         except asyncio.CancelledError:
             if not watch.cancelled_route:
                 raise  # the server is stopping, not the client
         finally:
+            watch.route_done = True
+            if watch.cancelled_task:
+                task.uncancel()
             await watch.stop()
         if watch.disconnected and not watch.started:
             watch.closed_before_start(scope)
@@ -509,17 +521,31 @@ class ErrorBoundary:
 
         return receive_limited
 
-    async def _call(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _call(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        watch: _DisconnectWatch | None = None,
+    ) -> None:
         started = False
 
         async def send_tracked(message: Message) -> None:
-            # Notes whether the response has started, and names it: one
-            # lookup and one header per response, nothing per body chunk.
+            # Notes whether the response has started (and completed, for the
+            # watch), and names it: one lookup and one header per response.
             nonlocal started
             if not started and message["type"] in _START_MESSAGES:
                 started = True
+                if watch is not None:
+                    watch.started = True
                 if message["type"] in _HEADER_STARTS:
                     message = _with_request_id(message, scope)
+            elif (
+                watch is not None
+                and message["type"] == "http.response.body"
+                and not message.get("more_body", False)
+            ):
+                watch.completed = True
             await send(message)
 
         try:
@@ -541,78 +567,111 @@ class ErrorBoundary:
                 # Headers are out: a stream must have rendered its own terminal
                 # event. All that is left is to end the body cleanly.
                 if scope["type"] == "http":
-                    await send(
+                    await send_tracked(
                         {"type": "http.response.body", "body": b"", "more_body": False}
                     )
                 return
             if scope["type"] == "http":
                 response = http_error_response(details, replayed=_is_replayed(exc))
-                await response(scope, receive, send)
+                await response(scope, receive, send_tracked)
             else:
                 await deny_websocket(scope, send, details)
 
 
 class _DisconnectWatch:
-    """Owns an HTTP request's ``receive``: notices the client going away."""
+    """Owns an HTTP request's ``receive``: notices the client going away.
 
-    def __init__(self, receive: Receive, context: AbortContext) -> None:
+    Most requests are answered before anyone could notice a hang-up, and a
+    watcher task per request would cost them a task, a queue and two
+    event-loop turns. So nothing is watched during the first
+    ``WATCH_AFTER_S``: the route reads ``receive`` itself, and a disconnect
+    it reads cancels it there. After that, unless the response started, a
+    watcher task reads the client's messages one ahead of the route (body
+    limits downstream still apply) and cancels the route's task the moment
+    the client goes away, whatever the route awaits. A client that left in
+    the first ``WATCH_AFTER_S`` is noticed when the watcher starts.
+    """
+
+    def __init__(
+        self, receive: Receive, context: AbortContext, route: asyncio.Task[Any]
+    ) -> None:
         self._receive = receive
         self._context = context
-        # One message of read-ahead: body limits downstream still apply.
-        self._inbox: asyncio.Queue[Message] = asyncio.Queue(maxsize=1)
+        self._route = route
+        self._inbox: asyncio.Queue[Message] | None = None
         self._task: asyncio.Task[None] | None = None
-        self._route: asyncio.Future[None] | None = None
+        # The route is inside ``receive`` itself: the watcher starts after.
+        self._reading = False
+        self._due = False
+        self._timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, self._start)
         self.started = False
         self.completed = False
         self.disconnected = False
         self.cancelled_route = False
+        # The route's task was cancelled from the watcher (to be taken back).
+        self.cancelled_task = False
+        self.route_done = False
 
-    def start(self, route: asyncio.Future[None]) -> None:
-        self._route = route
-        self._task = asyncio.create_task(self._watch())
+    def _start(self) -> None:
+        if self.route_done or self.started or self._task is not None:
+            return
+        if self._reading:
+            self._due = True
+            return
+        self._inbox = asyncio.Queue(maxsize=1)
+        self._task = asyncio.get_running_loop().create_task(self._watch())
 
     async def stop(self) -> None:
+        self._timer.cancel()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
     async def receive(self) -> Message:
+        if self._inbox is None:
+            self._reading = True
+            try:
+                message = await self._receive()
+            finally:
+                self._reading = False
+            if message["type"] == "http.disconnect":
+                self.disconnected = True
+                if self._on_disconnect(cancel=False):
+                    # The route must not see it: it would answer with an
+                    # error nobody receives (FastAPI: 400 for a cut body).
+                    raise asyncio.CancelledError
+            elif self._due:
+                self._start()
+            return message
         if self.disconnected and self._inbox.empty():
             return {"type": "http.disconnect"}
         return await self._inbox.get()
 
-    def send(self, send: Send) -> Send:
-        async def tracked(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                self.started = True
-            elif message["type"] == "http.response.body" and not message.get(
-                "more_body", False
-            ):
-                self.completed = True
-            await send(message)
-
-        return tracked
-
     async def _watch(self) -> None:
+        assert self._inbox is not None
         while True:
             message = await self._receive()
             if message["type"] == "http.disconnect":
-                # After the response completed this is just the end of it.
-                if not self.completed:
-                    self._on_disconnect()
+                self._on_disconnect(cancel=True)
                 self.disconnected = True
                 await self._inbox.put(message)
                 return
             await self._inbox.put(message)
 
-    def _on_disconnect(self) -> None:
+    def _on_disconnect(self, *, cancel: bool) -> bool:
+        """Account for the client's leaving; whether the route is cancelled
+        (before its response started; ``cancel``: from the watcher task)."""
+        if self.completed:
+            return False  # after the response completed, just the end of it
         self._context.reason = "client_disconnect"
-        if not self.started and self._route is not None and not self._route.done():
-            # Cancel before the route can see the disconnect message, so it
-            # cannot answer with an error nobody receives.
-            self.cancelled_route = True
+        if self.started or self.route_done:
+            return False
+        self.cancelled_route = True
+        if cancel:
+            self.cancelled_task = True
             self._route.cancel()
+        return True
 
     def closed_before_start(self, scope: Scope) -> None:
         """Account for a request whose client left before any response."""

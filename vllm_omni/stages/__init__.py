@@ -15,7 +15,13 @@ if TYPE_CHECKING:
     from vllm_omni.config import PipelineConfig, StageConfig
     from vllm_omni.stages.base import Stage
 
-__all__ = ["STAGE_KINDS", "STAGE_PARAMS", "build_stage", "stage_params"]
+__all__ = [
+    "INLINE_KINDS",
+    "STAGE_KINDS",
+    "STAGE_PARAMS",
+    "build_stage",
+    "stage_params",
+]
 
 STAGE_KINDS: dict[str, str] = {
     "text": "vllm_omni.stages.text:TextStage",
@@ -26,6 +32,14 @@ STAGE_KINDS: dict[str, str] = {
     "guardrail": "vllm_omni.stages.guardrail:GuardrailStage",
     "vllm": "vllm_omni.stages.vllm_backend:VLLMStage",
 }
+
+
+# Kinds cheap enough to run in the orchestrator's process instead of a stage
+# process of their own (``vllm_omni.engine.inline``): no weights, no I/O,
+# nothing to release, and a ``generate`` that never waits on anything, so a
+# request pays no process hop for them. A check per request (the guardrail's
+# blocklist) is a few microseconds; a hop there and back is hundreds.
+INLINE_KINDS: frozenset[str] = frozenset({"guardrail"})
 
 
 # The request ``params`` keys each kind reads: a key that no stage on a
