@@ -291,6 +291,23 @@ def encode(
     0.30 receiver never sends anything else.
     """
     if isinstance(message, ErrorMessage) and (legacy_wire or compact):
+        if compact and not legacy_wire and _complete(message):
+            # Built from a record (``from_details``): its fields are that
+            # record's, read and checked once already.
+            return _encoder.encode(
+                CompactError(
+                    message=message.message,  # type: ignore[arg-type]
+                    category=message.category,  # type: ignore[arg-type]
+                    status_code=message.status_code,  # type: ignore[arg-type]
+                    error_type=message.error_type,  # type: ignore[arg-type]
+                    parameter=message.parameter,
+                    request_id=message.request_id,
+                    stage_id=message.stage_id,
+                    fatal=message.fatal,
+                    reason=message.reason,
+                    event_id=message.event_id,
+                )
+            )
         details = message.to_details()
         if legacy_wire:
             legacy = details.to_wire(legacy=True)
@@ -316,6 +333,18 @@ def encode(
             )
         )
     return _encoder.encode(message)
+
+
+def _complete(message: ErrorMessage) -> bool:
+    """Whether ``message`` holds the complete 0.31 field set (every error
+    record a 0.31 sender builds does), as opposed to fields a 0.30 sender
+    left out, which only ``to_details`` may fill in."""
+    return (
+        message.message is not None
+        and message.category is not None
+        and message.status_code is not None
+        and message.error_type is not None
+    )
 
 
 def decode(data: bytes) -> Message | None:
