@@ -113,9 +113,11 @@ class InlineStage:
         return payloads, None
 
     def _fail(self, request_id: str, exc: BaseException) -> Failure:
+        hops.mark(request_id, "stage.failing", self.config.id)
         self._stats.failed += 1
         details = normalize(exc, request_id=request_id, stage_id=self.config.id)
         log_failure(self.config.id, request_id, details, exc, self._log)
+        hops.mark(request_id, "stage.failed", self.config.id)
         return details, exc
 
     def abort(self, request_id: str) -> None:
