@@ -434,6 +434,8 @@ class ErrorBoundary:
         self.max_request_bytes = max_request_bytes
         self.max_ws_message_bytes = max_ws_message_bytes
         self._warmed = False
+        # Requests not watched yet, on the loop that serves them.
+        self._watchlist: _Watchlist | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -461,7 +463,10 @@ class ErrorBoundary:
         # leaves before the response started (and takes the cancel back).
         task = asyncio.current_task()
         assert task is not None
-        watch = _DisconnectWatch(receive, context, task)
+        watchlist = self._watchlist
+        if watchlist is None or watchlist.loop is not task.get_loop():
+            watchlist = self._watchlist = _Watchlist(task.get_loop())
+        watch = _DisconnectWatch(receive, context, task, watchlist)
         route_receive = watch.receive
         if self.max_request_bytes is not None:
             route_receive = limit_body(scope, route_receive, self.max_request_bytes)
@@ -471,10 +476,11 @@ class ErrorBoundary:
             if not watch.cancelled_route:
                 raise  # the server is stopping, not the client
         finally:
-            watch.route_done = True
+            watch.forget()
             if watch.cancelled_task:
                 task.uncancel()
-            await watch.stop()
+            if watch.watching:
+                await watch.stop()
         if watch.disconnected and not watch.started:
             watch.closed_before_start(scope)
             await send(
@@ -578,6 +584,39 @@ class ErrorBoundary:
                 await deny_websocket(scope, send, details)
 
 
+class _Watchlist:
+    """The requests of one event loop that nothing watches yet, oldest first,
+    and the one timer that starts their watchers once they are
+    ``WATCH_AFTER_S`` old: a dictionary entry per request instead of a timer
+    per request, and at most one loop turn per ``WATCH_AFTER_S`` for all."""
+
+    __slots__ = ("_pending", "_timer", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._pending: dict[_DisconnectWatch, float] = {}
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, watch: _DisconnectWatch) -> None:
+        self._pending[watch] = self.loop.time()
+        if self._timer is None:
+            self._timer = self.loop.call_later(WATCH_AFTER_S, self._sweep)
+
+    def discard(self, watch: _DisconnectWatch) -> None:
+        self._pending.pop(watch, None)
+
+    def _sweep(self) -> None:
+        self._timer = None
+        due = self.loop.time() - WATCH_AFTER_S
+        while self._pending:
+            watch, since = next(iter(self._pending.items()))
+            if since > due:
+                self._timer = self.loop.call_at(since + WATCH_AFTER_S, self._sweep)
+                return
+            del self._pending[watch]
+            watch.start()
+
+
 class _DisconnectWatch:
     """Owns an HTTP request's ``receive``: notices the client going away.
 
@@ -586,14 +625,36 @@ class _DisconnectWatch:
     event-loop turns. So nothing is watched during the first
     ``WATCH_AFTER_S``: the route reads ``receive`` itself, and a disconnect
     it reads cancels it there. After that, unless the response started, a
-    watcher task reads the client's messages one ahead of the route (body
-    limits downstream still apply) and cancels the route's task the moment
-    the client goes away, whatever the route awaits. A client that left in
-    the first ``WATCH_AFTER_S`` is noticed when the watcher starts.
+    watcher task (started by the loop's ``_Watchlist``) reads the client's
+    messages one ahead of the route (body limits downstream still apply) and
+    cancels the route's task the moment the client goes away, whatever the
+    route awaits. A client that left in the first ``WATCH_AFTER_S`` is
+    noticed when the watcher starts.
     """
 
+    __slots__ = (
+        "_context",
+        "_due",
+        "_inbox",
+        "_reading",
+        "_receive",
+        "_route",
+        "_task",
+        "_watchlist",
+        "cancelled_route",
+        "cancelled_task",
+        "completed",
+        "disconnected",
+        "route_done",
+        "started",
+    )
+
     def __init__(
-        self, receive: Receive, context: AbortContext, route: asyncio.Task[Any]
+        self,
+        receive: Receive,
+        context: AbortContext,
+        route: asyncio.Task[Any],
+        watchlist: _Watchlist,
     ) -> None:
         self._receive = receive
         self._context = context
@@ -603,7 +664,8 @@ class _DisconnectWatch:
         # The route is inside ``receive`` itself: the watcher starts after.
         self._reading = False
         self._due = False
-        self._timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, self._start)
+        self._watchlist = watchlist
+        watchlist.add(self)
         self.started = False
         self.completed = False
         self.disconnected = False
@@ -612,17 +674,27 @@ class _DisconnectWatch:
         self.cancelled_task = False
         self.route_done = False
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Watch from now on (the route is not reading: else after its read)."""
         if self.route_done or self.started or self._task is not None:
             return
         if self._reading:
             self._due = True
             return
         self._inbox = asyncio.Queue(maxsize=1)
-        self._task = asyncio.get_running_loop().create_task(self._watch())
+        self._task = self._watchlist.loop.create_task(self._watch())
+
+    @property
+    def watching(self) -> bool:
+        return self._task is not None
+
+    def forget(self) -> None:
+        """The route is done: no watcher is started for it any more."""
+        self.route_done = True
+        self._watchlist.discard(self)
 
     async def stop(self) -> None:
-        self._timer.cancel()
+        """End the watcher task, if one was started."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -642,7 +714,7 @@ class _DisconnectWatch:
                     # error nobody receives (FastAPI: 400 for a cut body).
                     raise asyncio.CancelledError
             elif self._due:
-                self._start()
+                self.start()
             return message
         if self.disconnected and self._inbox.empty():
             return {"type": "http.disconnect"}
