@@ -175,7 +175,7 @@ def _with_request_id(message: Message, scope: Scope) -> Message:
     unless it already has one (error responses: the renderer put it there)."""
     headers = message.get("headers") or []
     for name, _ in headers:
-        if name.lower() == _REQUEST_ID:
+        if name == _REQUEST_ID:  # ASGI response header names are lowercase
             return message
     request_id = scope_request_id(scope).encode()
     return {**message, "headers": [*headers, (_REQUEST_ID, request_id)]}
