@@ -49,12 +49,12 @@ def as_030(message: m.ErrorMessage) -> msgspec.Struct:
 class Stage030(StageWorker):
     """A stage worker whose error records are 0.30's."""
 
-    async def _send(self, message: m.Message) -> None:
+    def _send(self, message: m.Message) -> None:
         if not isinstance(message, m.ErrorMessage):
-            await super()._send(message)
+            super()._send(message)
             return
         assert self._socket is not None
-        await self._socket.send(msgspec.msgpack.encode(as_030(message)))
+        self._socket.send(msgspec.msgpack.encode(as_030(message)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -68,7 +68,6 @@ from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from typing import Any, Literal, Protocol
 
 import zmq
-import zmq.asyncio
 from vllm.exceptions import QueueOverflowError
 
 from vllm_omni import __version__
@@ -76,6 +75,7 @@ from vllm_omni.config import PipelineConfig, StageConfig
 from vllm_omni.engine import hops, liveness, processes
 from vllm_omni.engine import messages as m
 from vllm_omni.engine.inline import InlineStage, runs_inline
+from vllm_omni.engine.loop_socket import LoopSocket
 from vllm_omni.engine.processes import LauncherError, Lease, StageProcess
 from vllm_omni.engine.stage_worker import WorkerSpec, stage_identity
 from vllm_omni.errors import (
@@ -330,8 +330,8 @@ class Orchestrator:
         self._launcher = launcher
         self.address = ""
         self._ipc_dir: str | None = None
-        self._context: zmq.asyncio.Context | None = None
-        self._socket: zmq.asyncio.Socket | None = None
+        self._context: zmq.Context[zmq.Socket[bytes]] | None = None
+        self._socket: LoopSocket | None = None
         self._handles: dict[int, _StageHandle] = {}
         self._by_identity: dict[bytes, _StageHandle] = {}
         self._requests: dict[str, _Request] = {}
@@ -385,15 +385,16 @@ class Orchestrator:
         if self._started or self._closed:
             raise RuntimeError("an orchestrator starts once")
         loop = asyncio.get_running_loop()
-        self._context = zmq.asyncio.Context()
-        self._socket = self._context.socket(zmq.ROUTER)
-        self._socket.setsockopt(zmq.LINGER, 0)
+        self._context = zmq.Context()
+        router = self._context.socket(zmq.ROUTER)
+        router.setsockopt(zmq.LINGER, 0)
         # A ROUTER silently drops what it cannot queue: with MANDATORY an
         # unroutable send fails instead, and without a high-water mark a busy
         # stage's pipe grows (bounded by admission) instead of dropping.
-        self._socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self._socket.setsockopt(zmq.SNDHWM, 0)
-        self._socket.setsockopt(zmq.RCVHWM, 0)
+        router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        router.setsockopt(zmq.SNDHWM, 0)
+        router.setsockopt(zmq.RCVHWM, 0)
+        self._socket = LoopSocket(router, self._on_frames)
         for stage in self.pipeline.stages:
             handle = _StageHandle(stage, loop)
             self._handles[stage.id] = handle
@@ -401,10 +402,8 @@ class Orchestrator:
         try:
             if self._launcher is not None:
                 self._host = await asyncio.to_thread(self._launcher.prepare)
-            self.address = self._bind(self._socket)
-            self._tasks.append(
-                asyncio.create_task(self._receive(), name="omni-receive")
-            )
+            self.address = self._bind(router)
+            self._socket.start(loop)
             if self._launcher is None:
                 await asyncio.to_thread(self._spawn_local)
             else:
@@ -454,7 +453,7 @@ class Orchestrator:
         self._started = True
         ENGINE_DEAD.set(0)
 
-    def _bind(self, socket: zmq.asyncio.Socket) -> str:
+    def _bind(self, socket: zmq.Socket[bytes]) -> str:
         if self._transport == "tcp":
             socket.bind(f"tcp://{self._host}:{self._port or '*'}")
             return socket.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -553,7 +552,7 @@ class Orchestrator:
         if self._launcher is not None:
             self._launcher.stop(max(0.0, deadline - time.monotonic()))
         if self._socket is not None:
-            self._socket.close(linger=0)
+            self._socket.close()
         if self._context is not None:
             self._context.term()
         if self._finalizer is not None:
@@ -581,26 +580,17 @@ class Orchestrator:
             if request is not None:
                 self._fail_send(request, handle)
             return
-        sent = self._socket.send_multipart([handle.identity, m.encode(message)])
-        if isinstance(sent, asyncio.Future):
-            sent.add_done_callback(functools.partial(self._on_sent, handle, request))
-
-    def _on_sent(
-        self,
-        handle: _StageHandle,
-        request: _Request | None,
-        future: asyncio.Future[Any],
-    ) -> None:
-        if future.cancelled() or future.exception() is None:
-            return
-        logger.log(
-            logging.DEBUG if request is None else logging.WARNING,
-            "send to stage %d failed: %s",
-            handle.config.id,
-            future.exception(),
-        )
-        if request is not None:
-            self._fail_send(request, handle)
+        try:
+            self._socket.send_multipart([handle.identity, m.encode(message)])
+        except zmq.ZMQError as exc:
+            logger.log(
+                logging.DEBUG if request is None else logging.WARNING,
+                "send to stage %d failed: %s",
+                handle.config.id,
+                exc,
+            )
+            if request is not None:
+                self._fail_send(request, handle)
 
     def _fail_send(self, request: _Request, handle: _StageHandle) -> None:
         if request.closed:
@@ -613,19 +603,17 @@ class Orchestrator:
         )
         self._abort_everywhere(request, None)
 
-    async def _receive(self) -> None:
-        assert self._socket is not None
-        while True:
-            frames = await self._socket.recv_multipart()
-            if len(frames) != 2:
-                continue
-            handle = self._by_identity.get(frames[0])
-            message = m.decode(frames[1])
-            if handle is None or message is None:
-                logger.debug("dropped a message from %r", frames[0])
-                continue
-            handle.last_seen = asyncio.get_running_loop().time()
-            self._dispatch(handle, message)
+    def _on_frames(self, frames: list[bytes]) -> None:
+        """One message off the wire (``LoopSocket`` calls it as it is read)."""
+        if len(frames) != 2:
+            return
+        handle = self._by_identity.get(frames[0])
+        message = m.decode(frames[1])
+        if handle is None or message is None:
+            logger.debug("dropped a message from %r", frames[0])
+            return
+        handle.last_seen = handle.ready.get_loop().time()
+        self._dispatch(handle, message)
 
     def _dispatch(self, handle: _StageHandle, message: m.Message) -> None:
         if isinstance(message, m.Output):

@@ -56,13 +56,13 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import zmq
-import zmq.asyncio
 
 from vllm_omni import __version__
 from vllm_omni.config import PipelineConfig, StageConfig, load_pipeline
 from vllm_omni.engine import hops, liveness
 from vllm_omni.engine import messages as m
 from vllm_omni.engine.faults import apply_fault, matching_fault
+from vllm_omni.engine.loop_socket import LoopSocket
 from vllm_omni.errors import OmniServiceUnavailableError, fatal_reason, normalize
 from vllm_omni.errors.details import OmniErrorDetails
 from vllm_omni.errors.logs import install_log_redaction
@@ -196,9 +196,11 @@ class StageWorker:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._stats = StageStats()
         self._last_heard = time.monotonic()
-        # Made inside the running loop (serve), which zmq.asyncio binds them to.
-        self._context: zmq.asyncio.Context | None = None
-        self._socket: zmq.asyncio.Socket | None = None
+        # Made in ``serve``, served by its loop.
+        self._context: zmq.Context[zmq.Socket[bytes]] | None = None
+        self._socket: LoopSocket | None = None
+        # Shutdown was received: nothing after it is read.
+        self._stopping = False
         self._stage: Stage | None = None
         self._exit_code = 0
         # Nobody waits for a stopping stage's heartbeats: close at once,
@@ -211,13 +213,14 @@ class StageWorker:
 
     async def serve(self) -> int:
         """Run until ``Shutdown``, orphaning or a fatal error; the exit code."""
-        self._context = zmq.asyncio.Context()
-        self._socket = self._context.socket(zmq.DEALER)
-        self._socket.setsockopt(zmq.IDENTITY, stage_identity(self.stage_id))
-        self._socket.setsockopt(zmq.SNDHWM, 0)
-        self._socket.setsockopt(zmq.RCVHWM, 0)
-        self._socket.connect(self.spec.address)
+        self._context = zmq.Context()
+        dealer = self._context.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.IDENTITY, stage_identity(self.stage_id))
+        dealer.setsockopt(zmq.SNDHWM, 0)
+        dealer.setsockopt(zmq.RCVHWM, 0)
+        dealer.connect(self.spec.address)
         stop = asyncio.Event()
+        self._socket = LoopSocket(dealer, functools.partial(self._on_frames, stop))
         # Only a main thread may; a Ray stage runs in its actor's default
         # concurrency group, a thread, and is stopped by Shutdown or ray.kill.
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
@@ -227,7 +230,8 @@ class StageWorker:
         try:
             if not await self._start_stage(stop):
                 return self._exit_code
-            loops.append(asyncio.create_task(self._receive(stop)))
+            # Read only once the stage serves: what came before waits in ZMQ.
+            self._socket.start(asyncio.get_running_loop())
             loops.append(asyncio.create_task(self._heartbeat()))
             await stop.wait()
         finally:
@@ -255,10 +259,10 @@ class StageWorker:
             cause = f"{type(error).__name__}: {lines[0]}" if lines else ""
             failed = OmniServiceUnavailableError(cause or type(error).__name__)
             details = normalize(failed, stage_id=self.stage_id)
-            await self._send(m.ErrorMessage.from_details(details))
+            self._send(m.ErrorMessage.from_details(details))
             self._exit_code, self._linger_ms = 1, _EXIT_LINGER_MS
             return False
-        await self._send(
+        self._send(
             m.Ready(
                 stage_id=self.stage_id,
                 pid=os.getpid(),
@@ -283,36 +287,40 @@ class StageWorker:
 
     # -- messages --------------------------------------------------------------
 
-    async def _send(self, message: m.Message) -> None:
+    def _send(self, message: m.Message) -> None:
+        """Queue ``message`` to the orchestrator (never waits: no high-water
+        mark, and a DEALER queues for a peer it is still connecting to)."""
         assert self._socket is not None
         data = m.encode(
             message, legacy_wire=self.spec.stage.legacy_wire, compact=self._compact
         )
-        await self._socket.send(data)
+        self._socket.send(data)
 
-    async def _receive(self, stop: asyncio.Event) -> None:
-        assert self._socket is not None
-        while True:
-            message = m.decode(await self._socket.recv())
-            self._last_heard = time.monotonic()
-            if isinstance(message, m.Submit):
-                hops.mark(message.request_id, "stage.received", self.stage_id)
-                self._submit(message)
-            elif isinstance(message, m.Abort):
-                self._abort(message.request_id)
-            elif isinstance(message, m.Welcome):
-                self._compact = message.wire >= m.WIRE_VERSION
-            elif isinstance(message, m.UtilityRequest):
-                await self._send(
-                    m.UtilityResponse(
-                        call_id=message.call_id,
-                        stage_id=self.stage_id,
-                        result=self._utility(message.method),
-                    )
+    def _on_frames(self, stop: asyncio.Event, frames: list[bytes]) -> None:
+        """One message from the orchestrator (``LoopSocket`` calls it as it
+        is read)."""
+        if self._stopping or len(frames) != 1:
+            return
+        message = m.decode(frames[0])
+        self._last_heard = time.monotonic()
+        if isinstance(message, m.Submit):
+            hops.mark(message.request_id, "stage.received", self.stage_id)
+            self._submit(message)
+        elif isinstance(message, m.Abort):
+            self._abort(message.request_id)
+        elif isinstance(message, m.Welcome):
+            self._compact = message.wire >= m.WIRE_VERSION
+        elif isinstance(message, m.UtilityRequest):
+            self._send(
+                m.UtilityResponse(
+                    call_id=message.call_id,
+                    stage_id=self.stage_id,
+                    result=self._utility(message.method),
                 )
-            elif isinstance(message, m.Shutdown):
-                stop.set()
-                return
+            )
+        elif isinstance(message, m.Shutdown):
+            self._stopping = True
+            stop.set()
 
     def _submit(self, request: m.Submit) -> None:
         if request.request_id in self._tasks:
@@ -328,8 +336,10 @@ class StageWorker:
         self._tasks[request.request_id] = task
         task.add_done_callback(functools.partial(self._forget, request.request_id))
 
-    def _forget(self, request_id: str, _task: asyncio.Task[None]) -> None:
-        self._tasks.pop(request_id, None)
+    def _forget(self, request_id: str, task: asyncio.Task[None]) -> None:
+        # Only this task: ``_ended`` may have let a new one take the id.
+        if self._tasks.get(request_id) is task:
+            del self._tasks[request_id]
 
     def _abort(self, request_id: str) -> None:
         self._stats.aborts.append(request_id)
@@ -360,28 +370,34 @@ class StageWorker:
                 await apply_fault(fault)
             async for payload in self._stage.generate(request):
                 hops.mark(request_id, "stage.payload", self.stage_id)
-                await self._send(
+                self._send(
                     m.Output(
                         request_id=request_id, stage_id=self.stage_id, payload=payload
                     )
                 )
                 hops.mark(request_id, "stage.sent", self.stage_id)
             hops.mark(request_id, "stage.finished", self.stage_id)
-            await self._send(
+            self._ended(request_id)
+            self._stats.completed += 1
+            self._send(
                 m.Output(request_id=request_id, stage_id=self.stage_id, finished=True)
             )
-            self._stats.completed += 1
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 raise  # an abort, a deadline or shutdown: no record
-            await self._fail(request_id, exc)
+            self._fail(request_id, exc)
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as exc:  # every other failure becomes a record
-            await self._fail(request_id, exc)
+            self._fail(request_id, exc)
 
-    async def _fail(self, request_id: str, exc: BaseException) -> None:
+    def _ended(self, request_id: str) -> None:
+        """The request's work is over: no longer active, before the message
+        that says so leaves (whoever reads it may ask for ``stats`` next)."""
+        self._tasks.pop(request_id, None)
+
+    def _fail(self, request_id: str, exc: BaseException) -> None:
         """Send the request's error record; the real text stays in this log."""
         hops.mark(request_id, "stage.failing", self.stage_id)
         self._stats.failed += 1
@@ -390,7 +406,8 @@ class StageWorker:
         reason = fatal_reason(exc) if details.fatal else None
         record = m.ErrorMessage.from_details(details, reason=reason)
         hops.mark(request_id, "stage.failed", self.stage_id)
-        await self._send(record)
+        self._ended(request_id)
+        self._send(record)
         if details.fatal:
             self._die()
 
@@ -406,7 +423,7 @@ class StageWorker:
     async def _heartbeat(self) -> None:
         while True:
             await asyncio.sleep(self.spec.heartbeat_s)
-            await self._send(m.Heartbeat(stage_id=self.stage_id))
+            self._send(m.Heartbeat(stage_id=self.stage_id))
 
     async def _watch_orchestrator(self, stop: asyncio.Event) -> None:
         parent = os.getppid()

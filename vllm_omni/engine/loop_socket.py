@@ -1,0 +1,106 @@
+"""A ZMQ socket served straight from the event loop: no future per message.
+
+Owns reading and writing one ZMQ socket from an asyncio loop for the stage
+wire's hot path. pyzmq's ``zmq.asyncio`` makes a future for every receive
+and every send and turns event flags into Python enums on each; on the
+orchestrator, which every request of the engine crosses, that cost about as
+much CPU as the rest of its per-request work. Here the socket's file
+descriptor is registered with ``loop.add_reader`` and every waiting message
+is handed to ``on_message`` in that callback, as soon as it is read. Sends
+never wait: the sockets of the wire have no high-water mark, so a send
+either queues or fails at once (``zmq.ZMQError``, for the caller to handle).
+
+ZMQ's descriptor is edge-triggered: it signals when the socket's state
+changes, and any operation on the socket (a send included) may consume the
+signal while a message waits. So the socket's ``EVENTS`` decides: a drain
+reads until no input is pending, and after every send pending input is
+drained in a callback soon after. A failing ``on_message`` is logged and
+the drain goes on: no message may be left behind unsignalled.
+
+It must not know what the messages mean (``messages`` decodes them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+import zmq
+
+__all__ = ["LoopSocket"]
+
+logger = logging.getLogger(__name__)
+
+# Plain ints: pyzmq's flag enums cost a Python call per operation.
+_POLLIN = int(zmq.POLLIN)
+_NOBLOCK = int(zmq.NOBLOCK)
+
+
+class LoopSocket:
+    """``socket`` read by ``loop``'s reader callback, written without waiting."""
+
+    def __init__(
+        self,
+        socket: zmq.Socket[bytes],
+        on_message: Callable[[list[bytes]], None],
+    ) -> None:
+        self.socket = socket
+        self._on_message = on_message
+        self._fd = socket.getsockopt(zmq.FD)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pending = False
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Serve the socket from ``loop`` (from its thread) from now on."""
+        self._loop = loop
+        loop.add_reader(self._fd, self._drain)
+        self._check()  # whatever arrived before
+
+    @property
+    def closed(self) -> bool:
+        return self.socket.closed
+
+    def send_multipart(self, frames: list[bytes]) -> None:
+        """Queue a message now; raises ``zmq.ZMQError`` if it cannot be."""
+        try:
+            self.socket.send_multipart(frames, _NOBLOCK)
+        finally:
+            self._check()  # a failed send may have taken the signal too
+
+    def send(self, data: bytes) -> None:
+        """Queue a one-frame message now; raises ``zmq.ZMQError`` if it cannot be."""
+        try:
+            self.socket.send(data, _NOBLOCK)
+        finally:
+            self._check()
+
+    def _check(self) -> None:
+        if self._pending or self._loop is None or self.socket.closed:
+            return
+        if self.socket.getsockopt(zmq.EVENTS) & _POLLIN:
+            self._pending = True
+            self._loop.call_soon(self._drain)
+
+    def _drain(self) -> None:
+        self._pending = False
+        socket = self.socket
+        while not socket.closed and socket.getsockopt(zmq.EVENTS) & _POLLIN:
+            try:
+                frames = socket.recv_multipart(_NOBLOCK)
+            except zmq.Again:
+                continue  # EVENTS decides, read again
+            try:
+                self._on_message(frames)
+            except Exception:
+                logger.exception("a message from the stage wire could not be handled")
+
+    def close(self, linger: int = 0) -> None:
+        """Stop serving and close the socket; idempotent."""
+        loop, self._loop = self._loop, None
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(Exception):  # the loop is being torn down
+                loop.remove_reader(self._fd)
+        if not self.socket.closed:
+            self.socket.close(linger=linger)
