@@ -33,9 +33,13 @@ __all__ = ["LoopSocket"]
 
 logger = logging.getLogger(__name__)
 
-# Plain ints: pyzmq's flag enums cost a Python call per operation.
+# Plain ints: pyzmq turns its enum flags and options back into enums on
+# every call (a Python call each, a few microseconds per socket operation).
 _POLLIN = int(zmq.POLLIN)
 _NOBLOCK = int(zmq.NOBLOCK)
+_SNDMORE = int(zmq.SNDMORE)
+_EVENTS = int(zmq.EVENTS)
+_RCVMORE = int(zmq.RCVMORE)
 
 
 class LoopSocket:
@@ -48,7 +52,7 @@ class LoopSocket:
     ) -> None:
         self.socket = socket
         self._on_message = on_message
-        self._fd = socket.getsockopt(zmq.FD)
+        self._fd = socket.getsockopt(int(zmq.FD))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending = False
 
@@ -65,7 +69,9 @@ class LoopSocket:
     def send_multipart(self, frames: list[bytes]) -> None:
         """Queue a message now; raises ``zmq.ZMQError`` if it cannot be."""
         try:
-            self.socket.send_multipart(frames, _NOBLOCK)
+            for frame in frames[:-1]:
+                self.socket.send(frame, _NOBLOCK | _SNDMORE)
+            self.socket.send(frames[-1], _NOBLOCK)
         finally:
             self._check()  # a failed send may have taken the signal too
 
@@ -79,16 +85,18 @@ class LoopSocket:
     def _check(self) -> None:
         if self._pending or self._loop is None or self.socket.closed:
             return
-        if self.socket.getsockopt(zmq.EVENTS) & _POLLIN:
+        if self.socket.getsockopt(_EVENTS) & _POLLIN:
             self._pending = True
             self._loop.call_soon(self._drain)
 
     def _drain(self) -> None:
         self._pending = False
         socket = self.socket
-        while not socket.closed and socket.getsockopt(zmq.EVENTS) & _POLLIN:
+        while not socket.closed and socket.getsockopt(_EVENTS) & _POLLIN:
             try:
-                frames = socket.recv_multipart(_NOBLOCK)
+                frames = [socket.recv(_NOBLOCK)]
+                while socket.getsockopt(_RCVMORE):
+                    frames.append(socket.recv(_NOBLOCK))
             except zmq.Again:
                 continue  # EVENTS decides, read again
             try:
