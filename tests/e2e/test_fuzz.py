@@ -2,8 +2,11 @@
 
 Bounded examples per operation. Every response must be one the document
 declares (status, content type, schema), no malformed input may produce a
-5xx, and every error body must be the canonical envelope with
-``code == status``. Hypothesis, used directly, also sends what the document
+5xx, every error body must be the canonical envelope with ``code == status``,
+and the document says what the server accepts: a request it admits is not a
+4xx, one it does not admit is (schemathesis' positive- and negative-data
+checks). An uploaded image is one of the types the document names, drawn
+by the strategies registered here for them. Hypothesis, used directly, also sends what the document
 cannot describe: hostile image bytes in multipart edits (422 on ``image``,
 never 5xx) and malformed realtime WebSocket events (one error event each,
 and the session goes on).
@@ -30,13 +33,39 @@ from websockets.sync.client import ClientConnection, connect
 
 from tests.e2e.canonical import assert_canonical_error
 from tests.e2e.omni_server import OmniServer
+from vllm_omni.entrypoints.openai.openapi import IMAGE_TYPES
 
 CHECKS = [
     checks.not_a_server_error,
     checks.status_code_conformance,
     checks.content_type_conformance,
     checks.response_schema_conformance,
+    checks.positive_data_acceptance,
+    checks.negative_data_rejection,
 ]
+
+
+def _encoded(kind: str, width: int, height: int, seed: int) -> bytes:
+    buffer = io.BytesIO()
+    Image.effect_noise((width, height), 32 + seed % 64).convert("RGB").save(
+        buffer, kind
+    )
+    return buffer.getvalue()
+
+
+# The document says an edit's image is a PNG, JPEG, GIF or WebP file: these
+# make such files (schemathesis' documented hook for a media type).
+for _media_type in IMAGE_TYPES:
+    schemathesis.openapi.media_type(
+        _media_type,
+        st.builds(
+            _encoded,
+            st.just(_media_type.split("/")[1].upper()),
+            st.integers(1, 48),
+            st.integers(1, 48),
+            st.integers(0, 255),
+        ),
+    )
 
 
 def _operations(omni_server: OmniServer) -> list[APIOperation]:

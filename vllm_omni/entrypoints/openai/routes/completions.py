@@ -24,6 +24,7 @@ from vllm.entrypoints.openai.completion.protocol import (
 )
 
 from vllm_omni.config import StageConfig
+from vllm_omni.entrypoints.openai.openapi import check_body
 from vllm_omni.entrypoints.openai.routes.common import (
     check_model,
     check_prompt,
@@ -109,6 +110,7 @@ async def create_completion(
         raise VLLMValidationError("prompt must be a string", parameter="prompt")
     check_prompt(request, prompt, "prompt")
     raw = await request.json()
+    check_body(request, "completions", raw)
     request_id = request_id_of(request)
     completion_id = f"cmpl-{request_id}"
     stream = engine.generate(
