@@ -315,14 +315,6 @@ def _narrow_fields(
         else:
             reason = rule.how
         properties[name] = _only_default(original, fields.get(name), reason, form=form)
-    if form:
-        # A null field is one the form leaves out: its default.
-        required = set(schema.get("required", ()))
-        for name, narrowed in properties.items():
-            if name not in required and not _admits_null(narrowed):
-                properties[name] = (
-                    NULL if narrowed is False else {"anyOf": [narrowed, NULL]}
-                )
 
 
 def _component(doc: Schema, schema: Schema) -> Schema:
