@@ -7,9 +7,9 @@ and the document says what the server accepts: a request it admits is not a
 4xx, one it does not admit is (schemathesis' positive- and negative-data
 checks). An uploaded image is one of the types the document names, drawn
 by the strategies registered here for them. Hypothesis, used directly, also
-sends what the document cannot describe: hostile image bytes in multipart edits (422 on ``image``,
-never 5xx) and malformed realtime WebSocket events (one error event each,
-and the session goes on).
+sends what the document cannot describe: hostile image bytes in multipart
+edits (422 on ``image``, never 5xx) and malformed realtime WebSocket events
+(one error event each, and the session goes on).
 """
 
 from __future__ import annotations
