@@ -54,18 +54,14 @@ class TextParams:
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> TextParams:
+        # Both are checked; max_completion_tokens (chat) supersedes the
+        # deprecated max_tokens.
+        limits = [
+            bounded_int(params, name, None, 1, MAX_TOKENS_LIMIT)
+            for name in ("max_tokens", "max_completion_tokens")
+        ]
         return cls(
-            # max_completion_tokens (chat) supersedes the deprecated max_tokens.
-            max_tokens=bounded_int(
-                params,
-                "max_completion_tokens"
-                if params.get("max_completion_tokens") is not None
-                else "max_tokens",
-                DEFAULT_MAX_TOKENS,
-                1,
-                MAX_TOKENS_LIMIT,
-            )
-            or DEFAULT_MAX_TOKENS,
+            max_tokens=limits[1] or limits[0] or DEFAULT_MAX_TOKENS,
             temperature=bounded_float(params, "temperature", 0.0, *TEMPERATURE_RANGE),
             seed=bounded_int(params, "seed", None, *SEED_RANGE),
             stop=_stop(params.get("stop")),

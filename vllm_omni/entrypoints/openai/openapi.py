@@ -38,7 +38,7 @@ import copy
 import math
 import sys
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import jsonschema_rs
@@ -262,11 +262,18 @@ def _only_default(
 
 @dataclass(frozen=True, slots=True)
 class _Pipeline:
-    """What the narrowing reads from the engine."""
+    """What the narrowing reads from the engine. ``stage_domains`` is false
+    for the schemas ``check_body`` holds a request to before its stages run:
+    a stage checks its own domain (its 400 names the stage), the route the
+    rest (types, route rules); the document states both."""
 
     model: str
     stages: dict[str, StageConfig | None]
     limits: RequestLimits
+    stage_domains: bool = True
+
+    def of_stage(self, domains: Domains) -> Domains:
+        return domains if self.stage_domains else {}
 
     def kind(self, modality: str) -> str | None:
         stage = self.stages.get(modality)
@@ -359,20 +366,22 @@ def _stop(original: Schema) -> Schema:
     )
 
 
-def _text_domains(kind: str | None) -> Domains:
+def _text_domains(pipeline: _Pipeline, kind: str | None) -> Domains:
     """The sampling fields the reference text stage checks (a ``vllm`` stage:
     upstream's schema)."""
     if kind != "text":
         return {}
     tokens = _integer(1, text_stage.MAX_TOKENS_LIMIT)
-    return {
-        "max_tokens": lambda s: _like(s, tokens),
-        "max_completion_tokens": lambda s: _like(s, tokens),
-        "temperature": lambda s: _like(s, _number(*text_stage.TEMPERATURE_RANGE)),
-        "seed": lambda s: _like(s, _integer(*text_stage.SEED_RANGE)),
-        "stop": _stop,
-        "n": lambda s: _like(s, _integer(1, text_stage.MAX_CHOICES)),
-    }
+    return pipeline.of_stage(
+        {
+            "max_tokens": lambda s: _like(s, tokens),
+            "max_completion_tokens": lambda s: _like(s, tokens),
+            "temperature": lambda s: _like(s, _number(*text_stage.TEMPERATURE_RANGE)),
+            "seed": lambda s: _like(s, _integer(*text_stage.SEED_RANGE)),
+            "stop": _stop,
+            "n": lambda s: _like(s, _integer(1, text_stage.MAX_CHOICES)),
+        }
+    )
 
 
 def _stream_options(original: Schema) -> Schema:
@@ -395,7 +404,7 @@ def _generation_domains(pipeline: _Pipeline, kind: str | None) -> Domains:
     return {
         "model": lambda s: pipeline.model_name(s, form=False),
         "stream_options": _stream_options,
-        **_text_domains(kind),
+        **_text_domains(pipeline, kind),
     }
 
 
@@ -569,8 +578,12 @@ def _narrow_speech(doc: Schema, pipeline: _Pipeline) -> None:
     domains: Domains = {
         "model": lambda s: pipeline.model_name(s, form=False),
         "input": lambda s: {**s, "pattern": NONBLANK},
-        "voice": lambda s: {**s, "enum": sorted(VOICES)},
-        "speed": lambda s: _like(s, _number(*SPEED_RANGE)),
+        **pipeline.of_stage(
+            {
+                "voice": lambda s: {**s, "enum": sorted(VOICES)},
+                "speed": lambda s: _like(s, _number(*SPEED_RANGE)),
+            }
+        ),
     }
     _narrow_fields(
         schema, "speech", pipeline.stages["audio"], domains, model=SpeechRequest
@@ -581,9 +594,16 @@ def _image_domains(pipeline: _Pipeline, *, form: bool) -> Domains:
     return {
         "model": lambda s: pipeline.model_name(s, form=form),
         "prompt": lambda s: _text(pipeline.limits.max_prompt_chars, "the prompt"),
-        "n": lambda s: _integer(1, image_stage.MAX_IMAGES),
-        "size": lambda s: {**_size(*image_stage.SIZE_RANGE), "default": s["default"]},
-        "seed": lambda s: _like(s, _integer(*image_stage.SEED_RANGE)),
+        **pipeline.of_stage(
+            {
+                "n": lambda s: _integer(1, image_stage.MAX_IMAGES),
+                "size": lambda s: {
+                    **_size(*image_stage.SIZE_RANGE),
+                    "default": s["default"],
+                },
+                "seed": lambda s: _like(s, _integer(*image_stage.SEED_RANGE)),
+            }
+        ),
     }
 
 
@@ -679,21 +699,26 @@ class _Served:
 
 
 def _narrowed(app: FastAPI, engine: AsyncOmni) -> _Served:
-    document = copy.deepcopy(app.__class__.openapi(app))
+    generated = app.__class__.openapi(app)
     pipeline = _Pipeline(
         model=engine.model_name,
         stages={m: engine.stage_for(m) for m in ("text", "audio", "image", "video")},
         limits=getattr(app.state, "limits", None) or RequestLimits(),
     )
-    served = {r for r in _NARROW if _path(r) in document["paths"]}
-    for route in served:
+    routes = [r for r in _NARROW if _path(r) in generated["paths"]]
+    document = copy.deepcopy(generated)
+    checked = copy.deepcopy(generated)
+    for route in routes:
         _NARROW[route](document, pipeline)
+        # A video job's stage runs after the 200: its route checks it all.
+        stage_domains = route == "videos"
+        _NARROW[route](checked, replace(pipeline, stage_domains=stage_domains))
     validators = {}
     for route, media_type in _CHECKED:
-        if route not in served:
+        if route not in routes:
             continue
-        body = _operation(document, route)["requestBody"]["content"][media_type]
-        root = {**body["schema"], "components": document["components"]}
+        body = _operation(checked, route)["requestBody"]["content"][media_type]
+        root = {**body["schema"], "components": checked["components"]}
         validators[route, media_type] = jsonschema_rs.Draft202012Validator(root)
     return _Served(engine, document, validators, _formats(document))
 
