@@ -646,7 +646,7 @@ def _narrow_videos(doc: Schema, pipeline: _Pipeline) -> None:
     seconds_text = {
         "type": "string",
         "pattern": decimal_pattern(low, high, int_digits=4, frac_digits=3),
-        "description": f"seconds, from {low:g} to {high:g}, e.g. '4'",
+        "description": f"a number of seconds from {low:g} to {high:g}, e.g. '4'",
     }
     # The route reads a lower-case "x" only (the stage also an "X").
     size = _size(*video_stage.SIZE_RANGE, times="x")
