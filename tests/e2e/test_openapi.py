@@ -160,3 +160,25 @@ def test_what_the_document_admits_is_honoured(omni_server: OmniServer) -> None:
     assert response.json()["choices"][0]["message"]["audio"]["data"]
     response = _post(omni_server, "/v1/completions", {"prompt": ["hi"]})
     assert response.status_code == 200, response.text
+
+
+def test_form_seconds_between_unicode_blanks(omni_server: OmniServer) -> None:
+    """Blanks ``str.strip`` removes and ``float`` does not (was a 500)."""
+    response = httpx.post(
+        omni_server.base_url + "/v1/videos",
+        data={"prompt": "a ball", "seconds": "\x1c0.2\u3000", "size": "64x64"},
+        headers=omni_server.headers(),
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["seconds"] == "0.2"
+
+
+def test_size_digits_are_ascii(omni_server: OmniServer) -> None:
+    response = _post(
+        omni_server,
+        "/v1/images/generations",
+        {"prompt": "p", "size": "\u0666\u0664x64"},
+    )
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "size"
