@@ -34,7 +34,7 @@ from vllm_omni.entrypoints.openai.auth import (
     require_api_key,
 )
 from vllm_omni.entrypoints.openai.limits import RequestLimits
-from vllm_omni.entrypoints.openai.openapi import served
+from vllm_omni.entrypoints.openai.openapi import prepare, served
 from vllm_omni.errors.fastapi import install_error_handling
 from vllm_omni.errors.openapi import ERROR_RESPONSES
 from vllm_omni.upstream import launcher
@@ -128,8 +128,7 @@ async def init_app_state(
     app.state.engine_client = engine
     app.state.args = args
     await _run_hooks(app, "init_state", args)
-    # Narrow the document (and build its validators) now, not on a request.
-    served(app)
+    prepare(app)
 
 
 async def run_server(args: argparse.Namespace, engine: AsyncOmni) -> int:

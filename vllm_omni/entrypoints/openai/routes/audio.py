@@ -57,7 +57,7 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
     talker = engine.stage_for("audio")
     check_fields("speech", body, [talker] if talker else [])
     log_ignored(request_id_of(request), (body.model_extra or {}).keys())
-    check_body(request, "speech", await request.json())
+    await check_body(request, "speech", await request.json())
     params: dict[str, Any] = {"voice": body.voice}
     if body.speed is not None:
         params["speed"] = body.speed

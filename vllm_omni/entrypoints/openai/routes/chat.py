@@ -190,7 +190,7 @@ async def create_chat_completion(
     stage = text_stage(engine)
     check_request(request, "chat", body, stage)
     modalities = _modalities(body)
-    check_body(request, "chat", raw)
+    await check_body(request, "chat", raw)
     request_id = request_id_of(request)
     completion_id = f"chatcmpl-{request_id}"
     stream = engine.generate(

@@ -110,7 +110,7 @@ async def create_completion(
         raise VLLMValidationError("prompt must be a string", parameter="prompt")
     check_prompt(request, prompt, "prompt")
     raw = await request.json()
-    check_body(request, "completions", raw)
+    await check_body(request, "completions", raw)
     request_id = request_id_of(request)
     completion_id = f"cmpl-{request_id}"
     stream = engine.generate(

@@ -105,7 +105,7 @@ async def generate_images(
     check_prompt(request, body.prompt, "prompt")
     check_fields("image_generations", body, _image_stages(engine))
     log_ignored(request_id_of(request), (body.model_extra or {}).keys())
-    check_body(request, "image_generations", await request.json())
+    await check_body(request, "image_generations", await request.json())
     params: dict[str, Any] = {"n": body.n, "size": body.size}
     if body.seed is not None:
         params["seed"] = body.seed

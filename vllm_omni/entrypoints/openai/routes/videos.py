@@ -264,7 +264,7 @@ async def create_video(request: Request) -> dict[str, Any]:
     seconds = _seconds(fields.get("seconds"))
     size = _size(fields)
     # The video stage's ranges, before a job exists.
-    check_body(request, "videos", fields, media_type)
+    await check_body(request, "videos", fields, media_type)
     params: dict[str, Any] = {}
     if seconds is not None:
         params["seconds"] = seconds
