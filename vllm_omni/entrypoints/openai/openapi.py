@@ -64,6 +64,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FORM_TYPES",
     "IMAGE_TYPES",
+    "NOT_BLANK",
     "check_body",
     "decimal_pattern",
     "prepare",
@@ -100,8 +101,10 @@ def _char_class(characters: str, *, negate: bool = False) -> str:
     return f"[{'^' if negate else ''}{body}]"
 
 
-NONBLANK = _char_class(_BLANK, negate=True)
 _SPACES = _char_class(_BLANK) + "*"
+# Not blank: not only blanks. (Spelled with ``not``: a pattern beside a
+# large ``maxLength`` makes schemathesis' generator crawl.)
+NOT_BLANK: Schema = {"not": {"pattern": f"^{_SPACES}$"}}
 
 
 # -- patterns of the stages' grammars ---------------------------------------------
@@ -199,7 +202,7 @@ def _number(low: float, high: float) -> Schema:
 def _text(max_length: int, what: str) -> Schema:
     return {
         "type": "string",
-        "pattern": NONBLANK,
+        **NOT_BLANK,
         "maxLength": max_length,
         "description": f"{what}: not blank, at most {max_length} characters",
     }
@@ -477,7 +480,7 @@ def _messages_vllm(doc: Schema, original: Schema) -> Schema:
         role = component.get("properties", {}).get("role")
         if role == {"type": "string", "title": "Role"}:
             component["properties"]["role"] = {"enum": list(_roles())}
-    nonblank = {"type": "string", "pattern": NONBLANK}
+    nonblank = {"type": "string", **NOT_BLANK}
     text_part = {
         "type": "object",
         "required": ["type", "text"],
@@ -579,7 +582,7 @@ def _narrow_speech(doc: Schema, pipeline: _Pipeline) -> None:
     schema = _body(doc, "speech")
     domains: Domains = {
         "model": lambda s: pipeline.model_name(s, form=False),
-        "input": lambda s: {**s, "pattern": NONBLANK},
+        "input": lambda s: {**s, **NOT_BLANK},
         **pipeline.of_stage(
             {
                 "voice": lambda s: {**s, "enum": sorted(VOICES)},
@@ -872,9 +875,9 @@ def _reason(kind: Any, formats: Mapping[str, str]) -> str:
         return "must be one of " + ", ".join(_json(option) for option in kind.options)
     if isinstance(kind, kinds.Constant):
         return f"must be {_json(kind.expected_value)}"
+    if isinstance(kind, kinds.Not) and kind.schema == NOT_BLANK["not"]:
+        return "must not be blank"
     if isinstance(kind, kinds.Pattern):
-        if kind.pattern == NONBLANK:
-            return "must not be blank"
         meaning = formats.get(kind.pattern)
         return f"must be {meaning}" if meaning else "has the wrong format"
     if isinstance(kind, kinds.Required):
