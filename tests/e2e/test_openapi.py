@@ -182,3 +182,35 @@ def test_size_digits_are_ascii(omni_server: OmniServer) -> None:
     )
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == "size"
+
+
+# (path, body, param): upstream's before-validators raised TypeError or
+# AttributeError on these, a 500.
+WRONG_TYPES: dict[str, tuple[str, dict[str, Any], str]] = {
+    "messages not a list": (CHAT, {"messages": 5}, "messages"),
+    "structured_outputs not an object": (
+        "/v1/completions",
+        {"prompt": "hi", "structured_outputs": True},
+        "structured_outputs",
+    ),
+    "a tool not an object": (
+        CHAT,
+        {
+            "messages": HI,
+            "tools": [5],
+            "tool_choice": {"type": "function", "function": {"name": "f"}},
+        },
+        "tools[0]",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WRONG_TYPES))
+def test_a_wrong_json_type_upstream_reads_raw_is_a_400(
+    omni_server: OmniServer, case: str
+) -> None:
+    path, body, param = WRONG_TYPES[case]
+    response = _post(omni_server, path, body)
+    assert response.status_code == 400, response.text
+    assert_canonical_error(400, response.json(), response.headers)
+    assert response.json()["error"]["param"] == param

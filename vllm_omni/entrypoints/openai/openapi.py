@@ -70,6 +70,7 @@ __all__ = [
     "prepare",
     "served",
     "size_pattern",
+    "wrong_json_type",
 ]
 
 Schema = dict[str, Any]
@@ -798,18 +799,39 @@ async def check_body(
     current = _served(conn.app)
     if current is None:
         raise RuntimeError("check_body needs the app's engine")
-    validator = current.validators[route, media_type]
+    error = _first_error(current.validators[route, media_type], body, current.formats)
+    if error is not None:
+        raise error
+
+
+def wrong_json_type(model: type[BaseModel], data: Any) -> VLLMValidationError | None:
+    """The 400 naming the first field of ``data`` that ``model``'s own JSON
+    schema does not admit, if any: for upstream's before-validators, which
+    read raw fields before pydantic checks their types."""
+    validator = _model_validators.get(model)
+    if validator is None:
+        validator = jsonschema_rs.Draft202012Validator(model.model_json_schema())
+        _model_validators[model] = validator
+    return _first_error(validator, data, {})
+
+
+_model_validators: dict[type[BaseModel], jsonschema_rs.Validator] = {}
+
+
+def _first_error(
+    validator: jsonschema_rs.Validator, body: Any, formats: Mapping[str, str]
+) -> VLLMValidationError | None:
     error = next(iter(validator.iter_errors(body)), None)
     if error is None:
-        return
+        return None
     error = _most_specific(error)
     path = list(error.instance_path)
     name = _extra_name(error.kind)
     if name is not None:
         path.append(name)
     parameter = _parameter(path)
-    reason = _reason(error.kind, current.formats)
-    raise VLLMValidationError(
+    reason = _reason(error.kind, formats)
+    return VLLMValidationError(
         f"{parameter} {reason}" if parameter else f"The request {reason}",
         parameter=parameter or None,
     )
@@ -886,6 +908,17 @@ def _reason(kind: Any, formats: Mapping[str, str]) -> str:
         return "is not accepted here"
     if isinstance(kind, kinds.Contains):
         return "must contain an accepted item"
+    if isinstance(kind, kinds.AnyOf | kinds.OneOfNotValid):
+        # Every form failed at the value's type (else a deeper error is named).
+        types = [
+            name
+            for branch in kind.context
+            for error in branch
+            if isinstance(error.kind, kinds.Type)
+            for name in _types(error.kind)
+        ]
+        if types:
+            return f"must be of type {' or '.join(dict.fromkeys(types))}"
     return "is not valid here"
 
 

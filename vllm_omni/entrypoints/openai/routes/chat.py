@@ -40,6 +40,7 @@ from vllm_omni.entrypoints.openai.routes.common import (
     request_id_of,
 )
 from vllm_omni.entrypoints.openai.routes.generation import (
+    JsonTypesFirst,
     check_request,
     sse,
     stream_chunks,
@@ -65,7 +66,7 @@ class AudioOptions(BaseModel):
     format: Literal["wav"] = "wav"
 
 
-class ChatCompletionRequest(UpstreamChatCompletionRequest):
+class ChatCompletionRequest(JsonTypesFirst, UpstreamChatCompletionRequest):
     """Upstream's chat request, plus the fields vLLM-Omni adds."""
 
     # Upstream caches its field names per class (extras logging): ours.

@@ -32,6 +32,7 @@ from vllm_omni.entrypoints.openai.routes.common import (
     request_id_of,
 )
 from vllm_omni.entrypoints.openai.routes.generation import (
+    JsonTypesFirst,
     check_request,
     sse,
     stream_chunks,
@@ -47,7 +48,7 @@ __all__ = ["CompletionRequest", "router"]
 router = APIRouter()
 
 
-class CompletionRequest(UpstreamCompletionRequest):
+class CompletionRequest(JsonTypesFirst, UpstreamCompletionRequest):
     """Upstream's completion request, plus the fields vLLM-Omni adds."""
 
     # Upstream caches its field names per class (extras logging): ours.

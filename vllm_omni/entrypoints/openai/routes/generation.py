@@ -15,11 +15,12 @@ import json
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ModelWrapValidatorHandler, model_validator
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from vllm_omni.entrypoints.openai.fields import check_fields, log_ignored
+from vllm_omni.entrypoints.openai.openapi import wrong_json_type
 from vllm_omni.entrypoints.openai.routes.common import request_id_of
 from vllm_omni.errors import OmniServiceUnavailableError
 from vllm_omni.errors.fastapi import stream_error_details
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from vllm_omni.entrypoints.async_omni import AsyncOmni
 
 __all__ = [
+    "JsonTypesFirst",
     "check_request",
     "sse",
     "stream_chunks",
@@ -38,6 +40,30 @@ __all__ = [
     "upstream_json",
     "usage",
 ]
+
+
+class JsonTypesFirst(BaseModel):
+    """Put first in the bases of a subclass of upstream's request model.
+
+    Upstream's ``mode="before"`` validators read raw fields whose types
+    pydantic has not checked yet, and some raise ``TypeError`` or
+    ``AttributeError`` on a wrong JSON type (``"messages": 5``,
+    ``"structured_outputs": true``): an unknown exception, a 500. Then the
+    field is found against the model's own JSON schema: a 400 naming it.
+    """
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _json_types_first(
+        cls, data: Any, handler: ModelWrapValidatorHandler[BaseModel]
+    ) -> BaseModel:
+        try:
+            return handler(data)
+        except (TypeError, AttributeError):
+            error = wrong_json_type(cls, data)
+            if error is None:
+                raise
+            raise error from None
 
 
 def text_stage(engine: AsyncOmni) -> StageConfig:
