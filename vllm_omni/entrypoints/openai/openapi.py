@@ -641,6 +641,15 @@ def _narrow_image_edits(doc: Schema, pipeline: _Pipeline) -> None:
         },
     }
     _narrow_fields(schema, "image_edits", pipeline.stages["image"], domains, form=True)
+    # FastAPI reads an empty form field as absent: the field's default.
+    required = set(schema.get("required", ()))
+    properties = schema["properties"]
+    for name, narrowed in properties.items():
+        if name not in required:
+            empty = {"const": ""}
+            properties[name] = (
+                empty if narrowed is False else {"anyOf": [narrowed, empty]}
+            )
     content = _operation(doc, "image_edits")["requestBody"]["content"][form]
     content["encoding"] = {"image": {"contentType": ", ".join(IMAGE_TYPES)}}
 
