@@ -14,6 +14,7 @@ edits (422 on ``image``, never 5xx) and malformed realtime WebSocket events
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import struct
@@ -25,13 +26,17 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import httpx
+import jsonschema_rs
 import pytest
 import requests
 import schemathesis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 from schemathesis import APIOperation, Case, GenerationMode, checks
+from schemathesis.core.failures import AcceptedNegativeData
+from schemathesis.errors import FailureGroup
+from schemathesis.openapi.checks import RejectedPositiveData
 from websockets.sync.client import ClientConnection, connect
 
 from tests.e2e.canonical import assert_canonical_error
@@ -174,6 +179,86 @@ def test_openapi_contract(omni_server: OmniServer, subtests: Any) -> None:
     for operation in operations:
         with subtests.test(operation=operation.label):
             _check_operation(operation, omni_server)
+
+
+def _planted(
+    omni_server: OmniServer, maximum: float
+) -> tuple[APIOperation, jsonschema_rs.Validator, jsonschema_rs.Validator]:
+    """The speech operation of the served document with another ``speed``
+    maximum than the server's, and validators of the served and planted
+    request bodies."""
+    served = httpx.get(
+        omni_server.base_url + "/openapi.json", headers=omni_server.headers()
+    ).json()
+    planted = copy.deepcopy(served)
+    speech = planted["components"]["schemas"]["SpeechRequest"]
+    speech["properties"]["speed"]["anyOf"][0]["maximum"] = maximum
+    validators = tuple(
+        jsonschema_rs.Draft202012Validator(
+            {
+                "$ref": "#/components/schemas/SpeechRequest",
+                "components": document["components"],
+            }
+        )
+        for document in (served, planted)
+    )
+    operation = schemathesis.openapi.from_dict(planted)["/v1/audio/speech"]["POST"]
+    return operation, *validators
+
+
+@pytest.mark.parametrize(
+    ("maximum", "mode", "check", "failure"),
+    [
+        # Looser than the server: a request it admits is refused.
+        (
+            8.0,
+            GenerationMode.POSITIVE,
+            checks.positive_data_acceptance,
+            RejectedPositiveData,
+        ),
+        # Stricter than the server: a request it does not admit is honoured.
+        (
+            2.0,
+            GenerationMode.NEGATIVE,
+            checks.negative_data_rejection,
+            AcceptedNegativeData,
+        ),
+    ],
+    ids=["looser", "stricter"],
+)
+def test_a_planted_gap_between_document_and_server_is_caught(
+    omni_server: OmniServer,
+    maximum: float,
+    mode: GenerationMode,
+    check: Any,
+    failure: type[Exception],
+) -> None:
+    """The positive- and negative-data checks fail where the document and
+    the server disagree (here on one bound)."""
+    operation, served, planted = _planted(omni_server, maximum)
+
+    def disagree(case: Case) -> bool:
+        body = case.body
+        return isinstance(body, dict) and served.is_valid(body) != planted.is_valid(
+            body
+        )
+
+    case = find(
+        operation.as_strategy(generation_mode=mode),
+        disagree,
+        settings=settings(
+            max_examples=1000,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )
+    response = case.call(
+        base_url=omni_server.base_url, headers=omni_server.headers(), timeout=60
+    )
+    with pytest.raises(FailureGroup) as caught:
+        case.validate_response(response, checks=[check])
+    assert [type(error) for error in caught.value.exceptions] == [failure]
 
 
 def test_planted_non_canonical_body_is_caught() -> None:
