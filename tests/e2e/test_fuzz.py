@@ -30,7 +30,7 @@ import jsonschema_rs
 import pytest
 import requests
 import schemathesis
-from hypothesis import HealthCheck, find, given, settings
+from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 from schemathesis import APIOperation, Case, GenerationMode, checks
@@ -191,6 +191,7 @@ def _planted(
         omni_server.base_url + "/openapi.json", headers=omni_server.headers()
     ).json()
     planted = copy.deepcopy(served)
+    planted["paths"] = {"/v1/audio/speech": planted["paths"]["/v1/audio/speech"]}
     speech = planted["components"]["schemas"]["SpeechRequest"]
     speech["properties"]["speed"]["anyOf"][0]["maximum"] = maximum
     validators = tuple(
@@ -250,6 +251,8 @@ def test_a_planted_gap_between_document_and_server_is_caught(
             max_examples=1000,
             derandomize=True,
             database=None,
+            # The first such request is the point, not the simplest one.
+            phases=[Phase.generate],
             suppress_health_check=list(HealthCheck),
         ),
     )
