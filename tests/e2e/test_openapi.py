@@ -185,13 +185,20 @@ def test_size_digits_are_ascii(omni_server: OmniServer) -> None:
 
 
 # (path, body, param): upstream's before-validators raised TypeError or
-# AttributeError on these, a 500.
+# AttributeError on these, a 500: the field the model's JSON schema does not
+# admit, else the field without which they pass.
 WRONG_TYPES: dict[str, tuple[str, dict[str, Any], str]] = {
     "messages not a list": (CHAT, {"messages": 5}, "messages"),
     "structured_outputs not an object": (
         "/v1/completions",
         {"prompt": "hi", "structured_outputs": True},
         "structured_outputs",
+    ),
+    # Upstream logs a system message's non-text part by its type, as a key.
+    "a system part whose type is a list": (
+        CHAT,
+        {"messages": [{"role": "system", "content": [{"type": ["text"]}]}]},
+        "messages",
     ),
     "a tool not an object": (
         CHAT,
