@@ -6,13 +6,15 @@ mounts it, each on its own registry so every app really counts):
 
 - ``success route``: a 200 route with ``install_error_handling`` vs the same
   app without it; target: ratio >= 0.98 (the boundary costs a success almost
-  nothing: one header and a scope entry);
+  nothing: a request id, one ``X-Request-Id`` header and a scope entry);
 - ``error route``: a mix of semantic and raw errors through ours vs through
   upstream's ``init_exception_handler``; target: ours >= upstream
   (ratio >= 1.0) although ours sanitizes more, counts every error and logs.
 
-Sides alternate in blocks of 50 requests and each is rated by its fastest
-block, so machine noise hits both alike.
+Sides alternate in blocks of 10 requests and each is rated by its fastest
+block, so machine noise hits both alike; blocks this short (a few ms) are
+often not preempted even on a loaded machine, so the fastest one is close
+to the undisturbed cost.
 ``python benchmarks/bench_http.py`` prints a table; ``run()`` returns rows
 for ``python -m benchmarks``.
 """
@@ -70,7 +72,7 @@ def _app(boundary: str) -> FastAPI:
 async def _compare(
     path: str, ours: FastAPI, baseline: FastAPI, count: int, rounds: int
 ) -> tuple[float, float]:
-    """Requests/s of each side from its fastest block of 50 requests.
+    """Requests/s of each side from its fastest block of 10 requests.
 
     The sides alternate block by block, so drift (GC, caches, other load)
     falls on both alike; like ``timeit``, the fastest block is the estimate
@@ -83,7 +85,7 @@ async def _compare(
         )
         for app in (ours, baseline)
     ]
-    block = 50
+    block = 10
     fastest = [float("inf"), float("inf")]
     try:
         for client in clients:

@@ -5,11 +5,19 @@ has an optional ``details``: the request's ``OmniErrorDetails`` when it
 failed and the caller asked for records instead of exceptions
 (``Omni.generate(..., raise_on_error=False)``); ``None`` on success. These
 objects never carry exceptions, tracebacks or anything the normalizer did
-not produce, and this module must not import vLLM or torch.
+not produce, and this module must not import vLLM or torch (the deprecated
+``from_exception`` imports the normalizer when called).
+
+0.30's flat error fields (``error``, ``error_status_code``, ``error_type``)
+stay readable for one release, deprecated: properties derived from
+``details``, never stored beside it. So do 0.30's constructors of a failed
+output, ``OmniRequestOutput.from_error`` and ``DiffusionOutput.from_exception``,
+which make the record the current way (docs/errors/stages.md).
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,8 +26,41 @@ from vllm_omni.errors.details import OmniErrorDetails
 __all__ = ["DiffusionOutput", "OmniRequestOutput", "TextChoice"]
 
 
+def _deprecated(what: str, instead: str) -> None:
+    warnings.warn(
+        f"{what} is deprecated and will be removed in the next release; {instead}.",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+
+
+class _FlatErrorFields:
+    """0.30's flat error fields, read from ``details`` (deprecated)."""
+
+    __slots__ = ()
+    details: OmniErrorDetails | None
+
+    @property
+    def error(self) -> str | None:
+        """Deprecated: ``details.message``."""
+        _deprecated("The flat field error", "read details.message")
+        return None if self.details is None else self.details.message
+
+    @property
+    def error_status_code(self) -> int | None:
+        """Deprecated: ``details.status_code``."""
+        _deprecated("The flat field error_status_code", "read details.status_code")
+        return None if self.details is None else self.details.status_code
+
+    @property
+    def error_type(self) -> str | None:
+        """Deprecated: ``details.error_type``."""
+        _deprecated("The flat field error_type", "read details.error_type")
+        return None if self.details is None else self.details.error_type
+
+
 @dataclass(slots=True)
-class DiffusionOutput:
+class DiffusionOutput(_FlatErrorFields):
     """The result of an image or video stage: encoded media plus its shape."""
 
     images: list[bytes] = field(default_factory=list)  # PNG
@@ -30,6 +71,15 @@ class DiffusionOutput:
     num_frames: int | None = None
     seed: int | None = None
     details: OmniErrorDetails | None = None
+
+    @classmethod
+    def from_exception(cls, exc: BaseException) -> DiffusionOutput:
+        """Deprecated 0.30 constructor: a failed output whose ``details``
+        is ``normalize(exc)``."""
+        _deprecated("DiffusionOutput.from_exception", "set details=normalize(exc)")
+        from vllm_omni.errors.normalizer import normalize
+
+        return cls(details=normalize(exc))
 
 
 @dataclass(slots=True)
@@ -45,7 +95,7 @@ class TextChoice:
 
 
 @dataclass(slots=True)
-class OmniRequestOutput:
+class OmniRequestOutput(_FlatErrorFields):
     """One step of a request's result stream; the last one has ``finished``.
 
     Text requests stream one output per token: ``text_delta`` is the new
@@ -90,3 +140,29 @@ class OmniRequestOutput:
     @property
     def failed(self) -> bool:
         return self.details is not None
+
+    @classmethod
+    def from_error(
+        cls,
+        request_id: str,
+        error_message: str,
+        *,
+        status_code: int | None = None,
+        error_type: str | None = None,
+    ) -> OmniRequestOutput:
+        """Deprecated 0.30 constructor of a finished, failed output.
+
+        Its flat fields are read as a 0.30 record is (``from_wire``, the one
+        reader of legacy fields): no status is a server 500; a 4xx without a
+        type gets its status's type.
+        """
+        _deprecated("OmniRequestOutput.from_error", "set details=normalize(exc)")
+        details = OmniErrorDetails.from_wire(
+            {
+                "error": error_message,
+                "status_code": status_code,
+                "error_type": error_type,
+                "request_id": request_id,
+            }
+        )
+        return cls(request_id, finished=True, details=details)

@@ -57,6 +57,27 @@ LEAK_TEXT = (
     "AAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk, object <Tensor at 0x7f3a9c2b1d40>"
 )
 
+# Credentials a failure's own text carries (issue 24): none may reach a log
+# line, while the path and the traceback around them stay for the operator.
+LOG_SECRETS: tuple[str, ...] = (
+    "hf_LOGLOGLOG4242",
+    "sk-proj-LOGSECRET42",
+    "AKIALOGLOGLOG4242XYZ",
+    "log-hunter2",
+    "logs3cr3t",
+    "eyJhbGciOiJIUzI1NiJ9.logleak",
+    "ghp_LOGLOGLOGLOGLOGLOGLOGLOGLOGLOGLOGLOG42",
+    "xoxb-1234567890-LOGLOGslack",
+)
+LOG_SECRET_PATH = "/home/alice/.hf/token"
+LOG_SECRET_TEXT = (
+    f"failed reading {LOG_SECRET_PATH}: token {LOG_SECRETS[0]}, key {LOG_SECRETS[1]},"
+    f" aws {LOG_SECRETS[2]}, password={LOG_SECRETS[3]},"
+    f" url https://bob:{LOG_SECRETS[4]}@example.com/x,"
+    f" Authorization: Bearer {LOG_SECRETS[5]}, github {LOG_SECRETS[6]},"
+    f" slack {LOG_SECRETS[7]}"
+)
+
 # Markers a prompt can carry to make a stage misbehave (tests and drills).
 FAULTS: list[dict[str, Any]] = [
     {"stage": 1, "marker": "@boom", "action": "raise"},
@@ -98,6 +119,20 @@ FAULTS: list[dict[str, Any]] = [
         "args": [
             "failed reading /home/alice/.hf/token hf_SECRETSECRET123 Bearer abc.def"
         ],
+    },
+    {
+        "stage": 1,
+        "marker": "@logsecret",
+        "action": "raise",
+        "exception": "builtins:RuntimeError",
+        "args": [LOG_SECRET_TEXT],
+    },
+    {
+        "stage": 5,
+        "marker": "@vlogsecret",
+        "action": "raise",
+        "exception": "builtins:RuntimeError",
+        "args": [LOG_SECRET_TEXT],
     },
     # Leak probes: explicit semantic errors whose *public* text carries
     # secrets, paths, a traceback and media; the sanitizer must strip them.

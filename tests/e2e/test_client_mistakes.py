@@ -581,4 +581,11 @@ def test_failed_job_content_answers_with_the_clients_request_id(
         stage_id=stored.get("stage_id"),
     )
     assert response.headers["x-request-id"] == "client-req-12"
-    assert response.json()["error"] == {**stored, "request_id": "client-req-12"}
+    # The stored error as an HTTP error: its retry guidance is the header
+    # (false: a repeat reads the same record), not the stored ``retryable``.
+    assert response.json()["error"] == {
+        **{k: v for k, v in stored.items() if k != "retryable"},
+        "request_id": "client-req-12",
+    }
+    assert stored["retryable"] is False
+    assert response.headers["x-should-retry"] == "false"

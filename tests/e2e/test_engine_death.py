@@ -104,6 +104,7 @@ def test_fatal_stage_failure_fails_in_flight_and_exits(
     assert error["type"] == "InternalServerError"
     assert error["message"] == GENERIC
     assert error["stage_id"] == 3
+    assert error["retryable"] is False  # the engine is dead
     assert sum(1 for e in events if e.startswith('{"error"')) == 1
 
     # The plain request in flight in another stage got a 500 naming the dead stage.
@@ -111,6 +112,8 @@ def test_fatal_stage_failure_fails_in_flight_and_exits(
     assert response.status_code == 500
     assert response.json()["error"]["stage_id"] == 3
     assert response.json()["error"]["message"] == GENERIC
+    assert response.headers["x-should-retry"] == "false"
+    assert "retry-after" not in response.headers
 
     # And the server exits on its own.
     code = server.proc.wait(timeout=15)
@@ -135,6 +138,7 @@ def test_keep_alive_serves_503_health_and_500s(servers: dict[str, OmniServer]) -
     )
     assert died.status_code == 500
     assert died.json()["error"]["stage_id"] == 3
+    assert died.headers["x-should-retry"] == "false"
 
     deadline = time.monotonic() + 5
     while httpx.get(base + "/health").status_code != 503:
@@ -149,6 +153,7 @@ def test_keep_alive_serves_503_health_and_500s(servers: dict[str, OmniServer]) -
     assert after.status_code == 500
     assert after.json()["error"]["type"] == "InternalServerError"
     assert after.json()["error"]["message"] == GENERIC
+    assert after.headers["x-should-retry"] == "false"
     time.sleep(1)
     assert servers["alive"].proc.poll() is None
 

@@ -39,7 +39,7 @@ from schemathesis.errors import FailureGroup
 from schemathesis.openapi.checks import RejectedPositiveData
 from websockets.sync.client import ClientConnection, connect
 
-from tests.e2e.canonical import assert_canonical_error
+from tests.e2e.canonical import assert_canonical_error, assert_canonical_event_error
 from tests.e2e.omni_server import OmniServer
 from vllm_omni.entrypoints.openai.openapi import IMAGE_TYPES
 
@@ -430,8 +430,9 @@ def test_malformed_realtime_events_get_one_error_event(
     event = json.loads(realtime.recv(timeout=30))
     assert event["type"] == "error", event
     error = event["error"]
-    assert_canonical_error(400, {"error": error})
+    assert_canonical_event_error(400, error)
     assert error["type"] == "BadRequestError"
+    assert error["retryable"] is False
     sent = json.loads(frame) if isinstance(frame, str) and _is_object(frame) else {}
     if "event_id" in event:
         assert event["event_id"] == sent.get("event_id")

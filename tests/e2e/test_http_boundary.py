@@ -2,8 +2,10 @@
 
 For every row of the status table (and the raw exceptions) a route raises;
 the response status must equal ``error.code``, the body must be the canonical
-envelope, and ``http_requests_total`` must grow by exactly one in the status
-group the client saw — in strict and legacy mode.
+envelope, the retry guidance must be the documented one (``x-should-retry``,
+``Retry-After`` exactly when it is ``true``), and ``http_requests_total``
+must grow by exactly one in the status group the client saw — in strict and
+legacy mode.
 """
 
 from __future__ import annotations
@@ -123,6 +125,14 @@ LEGACY_CHANGES = {
     "raw_not_implemented": (501, "NotImplementedError", None, GENERIC, None),
 }
 LEGACY = {**STRICT, **LEGACY_CHANGES}
+
+
+def should_retry(status: int) -> bool:
+    """The documented rule (status-mapping.md, Retry guidance) for the records
+    these routes raise; none is fatal (engine death has its own test)."""
+    return status in (408, 429) or (status >= 500 and status != 501)
+
+
 FALLBACK_LABEL = {
     "value_error": "ValueError",
     "type_error": "TypeError",
@@ -180,11 +190,16 @@ def _check_case(base: str, name: str, expected: tuple[Any, ...]) -> httpx.Respon
     if message is not None:
         assert error["message"] == message
     assert error["request_id"] == f"req-{name}"
-    assert response.headers["x-request-id"] == f"req-{name}"
+    assert response.headers.get_list("x-request-id") == [f"req-{name}"]
+    retry = should_retry(status)
+    assert response.headers.get_list("x-should-retry") == [str(retry).lower()]
+    assert response.headers.get_list("retry-after") == (["1"] if retry else [])
     assert error.get("stage_id") == stage_id
+    # ``error_stage_id``: 0.30's name, kept for one release (issue 22).
+    assert error.get("error_stage_id") == stage_id
     expected_keys = {"message", "type", "param", "code", "request_id"}
     assert set(error) == expected_keys | (
-        {"stage_id"} if stage_id is not None else set()
+        {"stage_id", "error_stage_id"} if stage_id is not None else set()
     )
 
     assert_http_error_counted(
@@ -234,8 +249,11 @@ def test_framework_errors_use_the_envelope(servers: dict[str, str]) -> None:
     assert missing.json()["error"]["code"] == 404
     assert missing.headers["x-request-id"] == missing.json()["error"]["request_id"]
 
+    assert missing.headers["x-should-retry"] == "false"
+
     wrong_method = httpx.get(f"{base}/v1/raise/client")
     assert wrong_method.status_code == 405
+    assert wrong_method.headers["x-should-retry"] == "false"
     assert wrong_method.json()["error"] == {
         "message": "Method Not Allowed",
         "type": "MethodNotAllowedError",
@@ -299,6 +317,19 @@ def test_openai_sdk_raises_matching_class(servers: dict[str, str], name: str) ->
     assert exc.body["type"] == STRICT[name][1]
     assert exc.body["param"] == STRICT[name][2]
     assert exc.body["request_id"] == exc.response.headers["x-request-id"]
+
+
+def test_success_has_one_request_id(servers: dict[str, str]) -> None:
+    base = servers["strict"]
+    fresh = httpx.get(f"{base}/v1/ok")
+    assert fresh.status_code == 200
+    (generated,) = fresh.headers.get_list("x-request-id")
+    assert len(generated) == 32
+    assert "x-should-retry" not in fresh.headers
+    named = httpx.get(f"{base}/v1/ok", headers={"X-Request-Id": "mine-1"})
+    assert named.headers.get_list("x-request-id") == ["mine-1"]
+    metrics = httpx.get(f"{base}/metrics")
+    assert len(metrics.headers.get_list("x-request-id")) == 1
 
 
 # -- leaks ---------------------------------------------------------------------
@@ -374,7 +405,11 @@ def test_engine_death_terminates_server_and_keep_alive_keeps_it(
             "code": 500,
             "request_id": response.headers["x-request-id"],
             "stage_id": 3,
+            "error_stage_id": 3,
         }
+        # Dead (terminating, or kept alive dead): a retry cannot help.
+        assert response.headers["x-should-retry"] == "false"
+        assert "retry-after" not in response.headers
     started = time.monotonic()
     assert dying.wait(timeout=5) is not None
     assert time.monotonic() - started < 5

@@ -154,6 +154,8 @@ def _ws_refused(
             event = json.loads(ws.recv(timeout=10))
         assert event["event_id"] == "e1"
         check(event["error"])
+        # No header to read on a WebSocket: the event says it.
+        assert event["error"]["retryable"] is True
         with pytest.raises(ConnectionClosed) as closed:
             ws.recv(timeout=10)
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
@@ -177,7 +179,8 @@ def test_refused_on_every_transport_then_served(server: OmniServer) -> None:
         offset = len(server.log())
         headers = {"Authorization": f"Bearer {API_KEY}"}
 
-        # HTTP, through the OpenAI SDK: 503 is retryable, with Retry-After.
+        # HTTP, through the OpenAI SDK: 503 is retryable, with Retry-After
+        # (the SDK would retry it: max_retries=0 shows the one refusal).
         client = openai.OpenAI(
             base_url=server.base_url + "/v1", api_key=API_KEY, max_retries=0
         )
@@ -189,6 +192,7 @@ def test_refused_on_every_transport_then_served(server: OmniServer) -> None:
         refused_in = time.monotonic() - started
         assert info.value.status_code == 503
         assert info.value.response.headers["Retry-After"] == "1"
+        assert info.value.response.headers["x-should-retry"] == "true"
         assert isinstance(info.value.body, dict)
         _assert_busy(info.value.body)
 
@@ -201,6 +205,7 @@ def test_refused_on_every_transport_then_served(server: OmniServer) -> None:
         )
         assert stream.status_code == 503
         assert stream.headers["Retry-After"] == "1"
+        assert stream.headers["x-should-retry"] == "true"
         assert stream.headers["content-type"] == "application/json"
         _assert_busy(stream.json()["error"])
 
@@ -220,11 +225,15 @@ def test_refused_on_every_transport_then_served(server: OmniServer) -> None:
         job = _job_until_finished(server, job["id"])
         assert job["status"] == "failed"
         _assert_busy(job["error"])
+        assert job["error"]["retryable"] is True  # submitting again can help
         content = httpx.get(
             server.base_url + f"/v1/videos/{job['id']}/content", headers=headers
         )
         assert content.status_code == 503
         _assert_busy(content.json()["error"])
+        # Downloading again would read the same stored error.
+        assert content.headers["x-should-retry"] == "false"
+        assert "retry-after" not in content.headers
 
         after = metric_samples(server.base_url)
         assert (
@@ -295,6 +304,7 @@ def test_a_full_stage_refuses_on_every_transport(server: OmniServer) -> None:
             )
         assert info.value.status_code == 503
         assert info.value.response.headers["Retry-After"] == "1"
+        assert info.value.response.headers["x-should-retry"] == "true"
         assert isinstance(info.value.body, dict)
         _assert_talker_busy(info.value.body)
 
@@ -306,6 +316,7 @@ def test_a_full_stage_refuses_on_every_transport(server: OmniServer) -> None:
         )
         assert speech.status_code == 503
         assert speech.headers["Retry-After"] == "1"
+        assert speech.headers["x-should-retry"] == "true"
         _assert_talker_busy(speech.json()["error"])
 
         # SSE: the text chunks went out, then one error event and [DONE].
@@ -330,6 +341,7 @@ def test_a_full_stage_refuses_on_every_transport(server: OmniServer) -> None:
         chunks = [json.loads(e) for e in events[:-2]]
         assert chunks and all("choices" in chunk for chunk in chunks)
         _assert_talker_busy(json.loads(events[-2])["error"])
+        assert json.loads(events[-2])["error"]["retryable"] is True
 
         # WebSocket: after the text deltas, one error event.
         _ws_refused(
@@ -389,7 +401,10 @@ def test_a_full_video_stage_fails_the_job_with_its_503(server: OmniServer) -> No
             server.base_url + f"/v1/videos/{job['id']}/content", headers=headers
         )
         assert content.status_code == 503
-        assert content.headers["Retry-After"] == "1"
+        # The stored error read back is final: a repeat reads it again.
+        assert content.headers["x-should-retry"] == "false"
+        assert "retry-after" not in content.headers
+        assert error["retryable"] is True
         assert content.json()["error"]["stage_id"] == VIDEO
         after = metric_samples(server.base_url)
         assert (

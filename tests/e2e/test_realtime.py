@@ -2,11 +2,12 @@
 fault markers, guardrail), a real ``websockets`` client, real metrics.
 
 What is pinned (DESIGN §4, WebSocket): a denied handshake carries the
-canonical status and body (401 wrong key, 503 no text stage); a text and a
-text+audio response stream; a malformed event gets one error event with its
-``event_id`` and the session goes on; a failed response sends one error
-event and closes 1011 (server) or 1008 (client); a client that leaves
-mid-response aborts the request and is not counted as an error.
+canonical status and body (401 wrong key, 503 no text stage) and the retry
+guidance headers; a text and a text+audio response stream; a malformed event
+gets one error event with its ``event_id`` and the session goes on; a failed
+response sends one error event, whose ``retryable`` is the retry guidance,
+and closes 1011 (server) or 1008 (client); a client that leaves mid-response
+aborts the request and is not counted as an error.
 """
 
 from __future__ import annotations
@@ -28,7 +29,12 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from tests.e2e.omni_server import REFERENCE_STAGES, OmniServer
-from tests.e2e.servers import metric_samples, sample_delta, serve_in_thread
+from tests.e2e.servers import (
+    metric_samples,
+    sample_delta,
+    serve_in_thread,
+    settled_samples,
+)
 from vllm_omni.config import StageConfig
 from vllm_omni.outputs import OmniRequestOutput
 
@@ -174,6 +180,7 @@ def test_malformed_events_then_a_valid_one(
             "param": param,
             "code": 400,
             "request_id": session_id,
+            "retryable": False,
         }, name
     ws.send(b"binary frame")
     assert _recv(ws)["error"]["code"] == 400
@@ -203,6 +210,8 @@ def test_stage_failure_closes_1011(session: tuple[ClientConnection, str]) -> Non
         "code": 500,
         "request_id": session_id,
         "stage_id": 1,
+        "error_stage_id": 1,
+        "retryable": True,
     }
     assert _closed_code(ws) == 1011
 
@@ -217,6 +226,7 @@ def test_guardrail_closes_1008(session: tuple[ClientConnection, str]) -> None:
         400,
     )
     assert error["error"]["stage_id"] == 0
+    assert error["error"]["retryable"] is False
     assert "forbidden-topic" not in error["error"]["message"]
     assert _closed_code(ws) == 1008
 
@@ -230,6 +240,7 @@ def test_unavailable_closes_1013(session: tuple[ClientConnection, str]) -> None:
         "ServiceUnavailableError",
         503,
     )
+    assert error["error"]["retryable"] is True
     assert _closed_code(ws) == 1013
 
 
@@ -240,6 +251,7 @@ def test_stage_parameter_rejection_closes_1008(
     _create(ws, "p1", instructions="x", max_tokens=100_000)
     error = _until_done(ws)[-1]["error"]
     assert (error["code"], error["param"], error["stage_id"]) == (400, "max_tokens", 1)
+    assert error["retryable"] is False
     assert _closed_code(ws) == 1008
 
 
@@ -264,6 +276,7 @@ def test_wrong_api_key_denies_the_handshake(
             "request_id": response.headers["x-request-id"],
         }
     }
+    assert response.headers["x-should-retry"] == "false"
 
 
 def test_pipeline_without_text_stage_denies_503() -> None:
@@ -278,6 +291,8 @@ def test_pipeline_without_text_stage_denies_503() -> None:
     assert response.status_code == 503
     error = json.loads(response.body)["error"]
     assert (error["type"], error["code"]) == ("ServiceUnavailableError", 503)
+    assert response.headers["x-should-retry"] == "true"
+    assert response.headers["retry-after"] == "1"
 
 
 class _VideoOnlyEngine:
@@ -413,3 +428,103 @@ def test_disconnect_mid_response_aborts_and_is_not_an_error(
         _recv(ws)
         _create(ws, instructions="next session")
         assert _until_done(ws)[-1]["type"] == "response.done"
+
+
+@pytest.mark.parametrize(
+    ("response", "param"),
+    [
+        ({"tools": [{"type": "function", "name": "f"}]}, "response.tools"),
+        ({"voice": "nova"}, "response.voice"),  # no audio: no talker
+        ({"output_audio_format": "pcm16"}, "response.output_audio_format"),
+        ({"max_response_output_tokens": 5}, "response.max_response_output_tokens"),
+    ],
+)
+def test_a_response_field_no_stage_honours_is_refused(
+    session: tuple[ClientConnection, str], response: dict[str, Any], param: str
+) -> None:
+    ws, _ = session
+    _create(ws, "f1", instructions="hello", **response)
+    error = _recv(ws)
+    assert error["type"] == "error" and error["event_id"] == "f1"
+    assert (error["error"]["code"], error["error"]["param"]) == (400, param)
+    # The session goes on: the same request without the field is served.
+    _create(ws, "f2", instructions="hello")
+    events = _until_done(ws)
+    assert events[-1]["type"] == "response.done"
+
+
+# -- message size limit ------------------------------------------------------------
+
+
+def _padded(size: int, event_id: str) -> str:
+    """An event (of an unknown type) of exactly ``size`` bytes."""
+    event = {"type": "pad", "event_id": event_id, "pad": ""}
+    frame = json.dumps(event)
+    return json.dumps({**event, "pad": "x" * (size - len(frame))})
+
+
+def _assert_too_big(ws: ClientConnection, limit: int) -> None:
+    """One 413 error event, then the close with 1009 (message too big)."""
+    event = _recv(ws)
+    assert event["type"] == "error" and "event_id" not in event
+    error = event["error"]
+    assert (error["code"], error["type"], error["param"]) == (
+        413,
+        "RequestTooLargeError",
+        None,
+    )
+    assert error["message"] == f"A WebSocket message must be at most {limit} bytes."
+    with pytest.raises(ConnectionClosed) as closed:
+        ws.recv(timeout=10)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+
+
+def test_message_over_the_limit_is_413_then_1009() -> None:
+    """``--max-ws-message-bytes`` as an operator sets it (in process): a
+    message of exactly the limit is read (here: a 400 for its type), one byte
+    more gets the 413 event and the close, counted as a client error."""
+    from vllm_omni.entrypoints.openai.api_server import build_app
+
+    limit = 4096
+    app = build_app(
+        argparse.Namespace(
+            api_key=None, error_mode="strict", max_ws_message_bytes=limit
+        )
+    )
+    app.state.engine_client = _AheadEngine()
+    with serve_in_thread(app) as url:
+        before = metric_samples(url)
+        with connect(_url(url)) as ws:
+            _recv(ws)
+            ws.send(_padded(limit, "fits"))
+            fits = _recv(ws)
+            assert (fits["event_id"], fits["error"]["code"]) == ("fits", 400)
+            ws.send(_padded(limit + 1, "over"))
+            _assert_too_big(ws, limit)
+        after = settled_samples(
+            url, before, ERRORS, 1, transport="websocket", code="413"
+        )
+    assert (
+        sample_delta(
+            before,
+            after,
+            ERRORS,
+            transport="websocket",
+            category="client",
+            type="RequestTooLargeError",
+            code="413",
+        )
+        == 1
+    )
+    assert sample_delta(before, after, ERRORS, category="server") == 0
+
+
+def test_default_message_limit(omni_server: OmniServer) -> None:
+    """The default, 1 MiB, on the real server: one byte over it is refused."""
+    limit = 1024 * 1024
+    with connect(
+        _url(omni_server.base_url), additional_headers=omni_server.headers()
+    ) as ws:
+        _recv(ws)
+        ws.send(_padded(limit + 1, "over"))
+        _assert_too_big(ws, limit)

@@ -315,6 +315,7 @@ def _assert_error(
     assert body["type"] == error_type
     assert body["param"] == param
     assert body.get("stage_id") == stage_id
+    assert body.get("error_stage_id") == stage_id  # 0.30's name (issue 22)
     assert body["request_id"] == exc.response.headers["x-request-id"]
     if message is not None:
         assert body["message"] == message
@@ -431,6 +432,9 @@ def test_stream_fault_after_first_chunk_is_one_error_event(
         "code": 500,
         "request_id": body["request_id"],  # type: ignore[index]
         "stage_id": 2,
+        "error_stage_id": 2,
+        # After the 200's headers, the event carries the retry guidance.
+        "retryable": True,
     }
     after = settled_samples(
         omni_server.base_url, before, "http_requests_total", 1, handler=CHAT

@@ -4,11 +4,13 @@ One server per module, on the reference stages with two video fault markers
 (``@boom`` raises in the video stage, ``@hang`` sleeps past any test), behind
 an API key, with its own job store; the last test restarts it on the same
 store. What is pinned (DESIGN §4, async jobs): a job's GIF; a failed job's
-stored canonical error, returned unchanged by ``retrieve`` and answered with
-its own status and body by ``download_content`` (server and client errors
-alike); 409 for content of an unfinished or cancelled job; 501 remix; 404
-for unknown ids; cancellation and deletion; and a restart that keeps stored
-errors byte for byte and fails interrupted jobs with 503.
+stored canonical error with its ``retryable``, returned unchanged by
+``retrieve`` and answered with its own status and body by
+``download_content`` (server and client errors alike), whose retry guidance
+is ``x-should-retry: false`` (a repeat reads the same record); 409 for
+content of an unfinished or cancelled job; 501 remix; 404 for unknown ids;
+cancellation and deletion; and a restart that keeps stored errors byte for
+byte and fails interrupted jobs with 503.
 """
 
 from __future__ import annotations
@@ -48,6 +50,19 @@ VIDEO_FAULTS: list[dict[str, Any]] = [
     },
 ]
 ERRORS = "vllm_omni:errors_total"
+
+
+def _http_body(stored: dict[str, Any]) -> dict[str, Any]:
+    """A stored job error as an HTTP error body: an HTTP response carries its
+    retry guidance in ``x-should-retry``, not as ``retryable``."""
+    return {k: v for k, v in stored.items() if k != "retryable"}
+
+
+def _assert_final(caught: pytest.ExceptionInfo[openai.APIStatusError]) -> None:
+    """A failed job's content is final: the SDK must not retry it."""
+    headers = caught.value.response.headers
+    assert headers.get_list("x-should-retry") == ["false"]
+    assert headers.get_list("retry-after") == []
 
 
 @dataclass
@@ -299,6 +314,8 @@ def test_failed_job_stores_canonical_error(
         "code": 500,
         "request_id": video.id,
         "stage_id": 5,
+        "error_stage_id": 5,
+        "retryable": True,
     }
     assert failed.error.code == 500
     assert (
@@ -311,7 +328,8 @@ def test_failed_job_stores_canonical_error(
     with pytest.raises(openai.InternalServerError) as caught:
         client.videos.download_content(video.id)
     assert caught.value.status_code == 500
-    assert caught.value.body == stored
+    assert caught.value.body == _http_body(stored)
+    _assert_final(caught)
     # The prompt is stored but never part of an error.
     assert "crash" not in json.dumps(stored)
 
@@ -330,9 +348,11 @@ def test_client_error_job_answers_its_own_status(
         "seconds",
     )
     assert stored["request_id"] == video.id
+    assert stored["retryable"] is False
     with pytest.raises(openai.BadRequestError) as caught:
         client.videos.download_content(video.id)
-    assert caught.value.body == stored
+    assert caught.value.body == _http_body(stored)
+    _assert_final(caught)
 
 
 # -- unfinished, cancelled, deleted ---------------------------------------------------
@@ -432,11 +452,13 @@ def test_restart_keeps_errors_and_fails_interrupted_jobs(
             "param": None,
             "code": 503,
             "request_id": interrupted,
+            "retryable": True,
         }
         with pytest.raises(openai.InternalServerError) as caught:
             sdk.videos.download_content(interrupted)
         assert caught.value.status_code == 503
-        assert caught.value.body == stored
+        assert caught.value.body == _http_body(stored)
+        _assert_final(caught)
     assert (
         metric_samples(videos.url).get(
             (

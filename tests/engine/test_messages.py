@@ -37,7 +37,8 @@ FATAL = OmniErrorDetails(
 
 
 class LegacyError(msgspec.Struct, tag="error", tag_field="type"):
-    """A 0.30-era receiver: only the legacy flat fields (tolerant by default)."""
+    """A 0.30-era receiver: only the legacy flat fields (tolerant by default).
+    The real 0.30 Struct, from the wheel, is in ``test_wire_030.py``."""
 
     error: str
     status_code: int
@@ -45,6 +46,7 @@ class LegacyError(msgspec.Struct, tag="error", tag_field="type"):
     fatal: bool = False
     request_id: str | None = None
     stage_id: int | None = None
+    event_id: str | None = None
 
 
 class StrictLegacyError(LegacyError, forbid_unknown_fields=True):
@@ -93,7 +95,11 @@ def test_legacy_wire_serves_a_strict_legacy_receiver() -> None:
     with pytest.raises(msgspec.ValidationError):
         msgspec.msgpack.decode(m.encode(message), type=StrictLegacyError)
     legacy = m.encode(message, legacy_wire=True)
-    assert set(msgspec.msgpack.decode(legacy)) == {"type", *LEGACY_WIRE_FIELDS}
+    assert set(msgspec.msgpack.decode(legacy)) == {
+        "type",
+        *LEGACY_WIRE_FIELDS,
+        "event_id",
+    }
     old = msgspec.msgpack.decode(legacy, type=StrictLegacyError)
     assert old.error == CLIENT.message and old.status_code == 400
 
@@ -256,3 +262,43 @@ def test_a_malformed_compact_record_keeps_what_it_can() -> None:
         request_id="r1",
         stage_id=2,
     )
+
+
+# -- issue 22: 0.30's shapes without a status ------------------------------------
+
+
+def test_a_030_engine_death_without_a_status_stays_fatal() -> None:
+    """0.30's Struct sends every field: a death has null ``status_code`` and
+    ``error_type`` (``test_wire_030.py`` uses 0.30's own Struct)."""
+    data = msgspec.msgpack.encode(
+        {
+            "type": "error",
+            "error": "Stage engine died at /opt/omni/x.py",
+            "status_code": None,
+            "error_type": None,
+            "fatal": True,
+            "request_id": None,
+            "stage_id": 1,
+            "event_id": None,
+        }
+    )
+    decoded = m.decode(data)
+    assert isinstance(decoded, m.ErrorMessage)
+    assert decoded.to_details() == OmniErrorDetails(
+        "The server had an error while processing your request.",
+        "server",
+        500,
+        "InternalServerError",
+        stage_id=1,
+        fatal=True,
+    )
+    assert decoded.reason == "Stage engine died at <path>"
+
+
+def test_event_id_travels_in_every_shape() -> None:
+    message = m.ErrorMessage.from_details(SERVER, event_id="ev-3")
+    for shape in ({}, {"compact": True}, {"legacy_wire": True}):
+        decoded = m.decode(m.encode(message, **shape))
+        assert isinstance(decoded, m.ErrorMessage)
+        assert decoded.event_id == "ev-3", shape
+        assert decoded.to_details() == SERVER, shape

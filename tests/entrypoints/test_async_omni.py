@@ -161,6 +161,20 @@ async def test_validation_before_submission_sends_nothing(
             reference_engine, "x", request_id="pre-2", params={"obj": object()}
         )
     assert info.value.parameter == "obj"  # the offending parameter, by name
+    # Text that is not Unicode (a lone surrogate) cannot travel on the stage
+    # wire: refused naming it, not a UnicodeEncodeError from the encoder.
+    for prompt, params, parameter in (
+        ("x \ud800", {}, "prompt"),
+        ("x", {"voice": "\udc00"}, "voice"),
+        ("x", {"lora": {"name": ["ok", "\udc00\ud800"]}}, "lora.name[1]"),
+        ("x", {"\ud800": 1}, "params"),
+    ):
+        with pytest.raises(VLLMValidationError) as info:
+            await collect(reference_engine, prompt, request_id="pre-3", params=params)
+        assert (info.value.details.status_code, info.value.parameter) == (
+            400,
+            parameter,
+        )
     after = await reference_engine.stage_stats()
     assert [s["submitted"] for s in after.values()] == [
         s["submitted"] for s in before.values()

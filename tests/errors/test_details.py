@@ -199,7 +199,8 @@ def test_to_wire_legacy_has_exactly_the_legacy_keys() -> None:
                 "stage_id": 2,
             },
             OmniErrorDetails(
-                "stage crashed",
+                # A 0.30 fatal text is the log text of the death (issue 22).
+                GENERIC,
                 "server",
                 500,
                 "InternalServerError",
@@ -239,7 +240,6 @@ def test_legacy_record_is_read_by_status(
         {"error": "x", "status_code": 302, "category": None},
         {"error": "x", "status_code": 404, "category": "server"},
         {"error": "x", "status_code": 503, "category": "client"},
-        {"error": "x", "status_code": 400, "fatal": True},
         {"error": "x", "status_code": 500, "fatal": "yes"},
         {"error": 7, "status_code": 500},
         {"message": "x", "status_code": 404, "category": "Client"},
@@ -250,6 +250,34 @@ def test_malformed_record_becomes_a_safe_500(malformed: dict[str, Any]) -> None:
     with_ids = malformed | {"request_id": "r-2", "stage_id": 3}
     assert OmniErrorDetails.from_wire(with_ids) == dataclasses.replace(
         SAFE_500, request_id="r-2", stage_id=3
+    )
+
+
+@pytest.mark.parametrize(
+    "fatal",
+    [
+        # How 0.30 wrote a dead engine: no status, no type (issue 22).
+        {"error": "stage engine died", "fatal": True},
+        {"error": "x", "status_code": None, "error_type": None, "fatal": True},
+        {"error": "x", "status_code": 400, "fatal": True},
+        {"message": "x", "category": "client", "status_code": 400, "fatal": True},
+        {"error": "x", "status_code": "500", "fatal": True},
+    ],
+)
+def test_a_fatal_record_is_never_read_as_nonfatal(fatal: dict[str, Any]) -> None:
+    """Whatever else it says, a fatal record is a fatal server 500 of its
+    stage: the receiver marks the engine dead, not one request failed."""
+    with_ids = fatal | {"request_id": "r-3", "stage_id": 1}
+    assert OmniErrorDetails.from_wire(with_ids) == dataclasses.replace(
+        SAFE_500, request_id="r-3", stage_id=1, fatal=True
+    )
+
+
+def test_a_fatal_record_keeps_its_5xx() -> None:
+    assert OmniErrorDetails.from_wire(
+        {"error": "drained", "status_code": 503, "fatal": True, "stage_id": 2}
+    ) == OmniErrorDetails(
+        GENERIC, "server", 503, "ServiceUnavailableError", stage_id=2, fatal=True
     )
 
 
@@ -360,9 +388,12 @@ def test_wire_round_trip(record: OmniErrorDetails) -> None:
 def test_legacy_wire_round_trip(record: OmniErrorDetails) -> None:
     legacy = record.to_wire(legacy=True)
     assert set(legacy) == LEGACY_KEYS
-    # A 0.30 receiver loses only what it never had: the parameter.
+    # A 0.30 receiver loses only what it never had: the parameter; and a
+    # fatal record's text is, to 0.30, the log text of the death (issue 22).
     assert OmniErrorDetails.from_wire(legacy) == dataclasses.replace(
-        record, parameter=None
+        record,
+        parameter=None,
+        message=GENERIC if record.fatal else record.message,
     )
 
 

@@ -1,8 +1,9 @@
 """``docs/errors/status-mapping.md`` is the status table, checked against the
 code: every row of ``STATUS_TABLE`` and ``LEGACY_FALLBACKS`` (class, origin,
-parent, status, public type, param, owner, message policy), every upstream or
-Omni subclass that inherits a row, and the framework statuses. A row added,
-removed, reordered or changed on either side fails here."""
+parent, status, public type, param, owner, message policy, retry guidance),
+every upstream or Omni subclass that inherits a row, the framework statuses
+and the retry rule. A row added, removed, reordered or changed on either side
+fails here."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from vllm_omni.errors import (
     normalize,
     to_exception,
 )
-from vllm_omni.errors.details import OmniErrorDetails
+from vllm_omni.errors.details import STATUS_RANGES, OmniErrorDetails
+from vllm_omni.errors.render import RETRY_AFTER_S, retry_headers, should_retry
 from vllm_omni.errors.table import (
     HTTP_STATUS_TYPES,
     LEGACY_FALLBACKS,
@@ -87,6 +89,26 @@ def _owner(row: StatusRow) -> str:
 _MESSAGE = {"own": "own text", "generic": "generic", "fixed": "`CLIENT_MESSAGE`"}
 
 
+def _by_range(status: int) -> str:
+    return next(c for c, statuses in STATUS_RANGES.items() if status in statuses)
+
+
+def _flag(retry: bool) -> str:
+    return f"`{str(retry).lower()}`"
+
+
+def _retry(row: StatusRow) -> str:
+    """The row's ``x-should-retry``: one value, or its default when an
+    instance attribute may change the status (and so the decision)."""
+    category = row.category or _by_range(row.status_code)
+    record = OmniErrorDetails(
+        "x", category, row.status_code, row.error_type, fatal=row.fatal
+    )
+    if row.status_attr or row.category is None:
+        return f"by status ({_flag(should_retry(record))} if unset)"
+    return _flag(should_retry(record))
+
+
 def status_table_row(row: StatusRow) -> list[str]:
     exc_type = row.exc_type
     return [
@@ -98,6 +120,7 @@ def status_table_row(row: StatusRow) -> list[str]:
         _code(f".{row.parameter_attr}") if row.parameter_attr else "—",
         _owner(row),
         _MESSAGE[row.message],
+        _retry(row),
     ]
 
 
@@ -112,6 +135,7 @@ def test_status_table() -> None:
         "`param`",
         "Owner",
         "Public message",
+        "`x-should-retry`",
     ]
     assert body == [status_table_row(row) for row in STATUS_TABLE]
     assert not any(row.legacy_fallback for row in STATUS_TABLE)
@@ -119,7 +143,14 @@ def test_status_table() -> None:
 
 def test_legacy_fallbacks() -> None:
     header, body = markdown_table("## Legacy fallbacks")
-    assert header == ["Class", "Status", "`error.type`", "Owner", "Public message"]
+    assert header == [
+        "Class",
+        "Status",
+        "`error.type`",
+        "Owner",
+        "Public message",
+        "`x-should-retry`",
+    ]
     assert body == [
         [
             _code(row.exc_type.__name__),
@@ -127,6 +158,7 @@ def test_legacy_fallbacks() -> None:
             _error_type(row),
             _owner(row),
             _MESSAGE[row.message],
+            _retry(row),
         ]
         for row in LEGACY_FALLBACKS
     ]
@@ -164,6 +196,7 @@ def test_inherited_rows() -> None:
         "Status",
         "`error.type`",
         "Owner",
+        "`x-should-retry`",
     ]
     with_rows = {row.exc_type for row in STATUS_TABLE}
     # Remote rebuilds have their own table ("Records that crossed a boundary").
@@ -187,16 +220,65 @@ def test_inherited_rows() -> None:
             str(record.status_code),
             _code(record.error_type),
             record.category,
+            _flag(should_retry(record)),
         ]
 
 
 def test_framework_statuses() -> None:
     header, body = markdown_table("## Framework errors")
-    assert header == ["Status", "`error.type`"]
+    assert header == ["Status", "`error.type`", "`x-should-retry`"]
     assert body == [
-        [str(status), _code(error_type)]
+        [
+            str(status),
+            _code(error_type),
+            _flag(
+                should_retry(
+                    OmniErrorDetails("x", _by_range(status), status, error_type)
+                )
+            ),
+        ]
         for status, error_type in HTTP_STATUS_TYPES.items()
     ]
+
+
+# The retry rule, one documented row each: the record it describes.
+_RULE_RECORDS: dict[str, list[OmniErrorDetails]] = {
+    "client 408 or 429": [
+        OmniErrorDetails("x", "client", status, "x") for status in (408, 429)
+    ],
+    "any other client record": [
+        OmniErrorDetails("x", "client", status, "x")
+        for status in (400, 401, 404, 405, 409, 413, 422, 499)
+    ],
+    "server, fatal": [
+        OmniErrorDetails("x", "server", 500, "InternalServerError", fatal=True)
+    ],
+    "server 501": [OmniErrorDetails("x", "server", 501, "NotImplementedError")],
+    "any other server record": [
+        OmniErrorDetails("x", "server", status, "x")
+        for status in (500, 502, 503, 504, 599)
+    ],
+}
+
+
+def test_retry_rule() -> None:
+    header, body = markdown_table("## Retry guidance")
+    assert header == [
+        "Record",
+        "`x-should-retry`",
+        "`Retry-After`",
+        "`retryable`",
+        "Why",
+    ]
+    assert [cells[0] for cells in body] == list(_RULE_RECORDS)
+    for kind, retry, retry_after, retryable, _why in body:
+        for record in _RULE_RECORDS[kind]:
+            headers = dict(retry_headers(record))
+            assert retry == f"`{headers['x-should-retry']}`", kind
+            assert retry_after == (
+                str(RETRY_AFTER_S) if "Retry-After" in headers else "—"
+            ), kind
+            assert retryable == _flag(should_retry(record)), kind
 
 
 def _record(kind: str) -> OmniErrorDetails:

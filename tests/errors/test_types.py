@@ -266,3 +266,53 @@ def test_helpers_warn_on_every_call() -> None:
         for _ in range(3):
             errors.is_client_error_status(400)
     assert [w.category for w in caught] == [DeprecationWarning] * 3
+
+
+# -- the rest of the 0.30 surface (issue 22) ------------------------------------
+
+
+def test_the_030_dead_error_form_still_builds_one() -> None:
+    """0.30 wrote ``OmniEngineDeadError(message, error_stage_id=N)``; its
+    message was the cause of the death, ``reason`` here."""
+    dead = _warns_here(lambda: OmniEngineDeadError("gpu fell off", error_stage_id=2))
+    assert (dead.stage_id, dead.reason) == (2, "gpu fell off")
+    assert str(dead).endswith("Stage 2 died (gpu fell off)")
+    details = normalize(dead)
+    assert (details.stage_id, details.fatal, details.status_code) == (2, True, 500)
+    assert _warns_here(lambda: OmniEngineDeadError(error_stage_id=0)).stage_id == 0
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: OmniEngineDeadError(stage_id=1, error_stage_id=2),
+        lambda: OmniEngineDeadError("b", reason="a"),
+    ],
+    ids=["stage twice", "reason twice"],
+)
+def test_the_030_dead_error_form_and_the_new_one_do_not_mix(
+    build: Callable[[], Any],
+) -> None:
+    with pytest.raises(RuntimeError, match=r"not also their 0\.30 forms"):
+        build()
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        OmniEngineDeadError(stage_id=3),
+        OmniEngineGenerateError("x", stage_id=3),
+        OmniStageTimeoutError("x", stage_id=3),
+        OmniServiceUnavailableError("x", stage_id=3),
+        errors.to_exception(
+            errors.OmniErrorDetails("x", "client", 413, "TooLarge", stage_id=3)
+        ),
+    ],
+    ids=lambda exc: type(exc).__name__,
+)
+def test_error_stage_id_is_the_stage_id(exc: Any) -> None:
+    assert _warns_here(lambda: exc.error_stage_id) == 3
+
+
+def test_error_stage_id_of_an_error_without_a_stage_is_none() -> None:
+    assert _warns_here(lambda: OmniClientError("x").error_stage_id) is None

@@ -331,7 +331,11 @@ def test_failed_job_stores_the_stage_record(server: OmniServer) -> None:
         "prompt",
         3,
     )
-    assert content.status_code == 422 and content.json() == {"error": job["error"]}
+    # The stored error as an HTTP error: its retry guidance is the header.
+    stored = {k: v for k, v in job["error"].items() if k != "retryable"}
+    assert job["error"]["retryable"] is False
+    assert content.status_code == 422 and content.json() == {"error": stored}
+    assert content.headers["x-should-retry"] == "false"
 
 
 def test_nothing_of_ray_reaches_a_client(cluster: Cluster, server: OmniServer) -> None:

@@ -15,7 +15,7 @@ from tests.real_engine.conftest import (
 )
 from tests.real_engine.tiny_model import MAX_MODEL_LEN
 from vllm_omni.entrypoints.omni import Omni
-from vllm_omni.errors import OmniClientError
+from vllm_omni.errors import OmniClientError, VLLMValidationError
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -93,7 +93,7 @@ def test_upstream_sampling_params_are_honoured(omni: Omni) -> None:
 
 
 def test_a_key_the_engine_does_not_read_is_refused(omni: Omni) -> None:
-    with pytest.raises(OmniClientError) as info:
+    with pytest.raises(VLLMValidationError) as info:
         omni.generate("hello", params={"top_logprobs": 2})
     assert info.value.details is not None
     assert info.value.details.parameter == "top_logprobs"

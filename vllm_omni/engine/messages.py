@@ -21,7 +21,17 @@ Three shapes go out, chosen by what the sender knows of its peer:
   its wire version in ``Ready``; an orchestrator that speaks it too answers
   ``Welcome``, and only then does the stage send compact records;
 - **legacy** (``encode(msg, legacy_wire=True)``): the 0.30 fields only, for a
-  strict 0.30-era receiver that rejects fields it does not know.
+  strict 0.30-era receiver that rejects fields it does not know; byte for
+  byte what 0.30's own ``ErrorMessage`` Struct encodes for the same values.
+
+Every shape 0.30 writes is read with its meaning: its ``ErrorMessage`` may
+omit ``status_code`` and ``error_type`` (a stage's own failure, a dead
+engine) and may carry ``event_id`` (the client event an interaction error
+answers), and its diffusion process sends the same fields as a plain dict
+(``{"type": "error", ...}``). A record without a status is a server 500,
+and ``fatal`` is never lost (``OmniErrorDetails.from_wire``); a 0.30 fatal
+record's text, the log text of the death, becomes ``reason`` (and the
+legacy shape sends a fatal record's ``reason`` as its ``error``, as 0.30 did).
 
 Field logic lives in ``OmniErrorDetails.to_wire`` / ``from_wire``; this module
 only maps those dicts onto Structs.
@@ -38,6 +48,7 @@ from typing import Any
 import msgspec
 
 from vllm_omni.errors.details import OmniErrorDetails
+from vllm_omni.errors.sanitize import sanitize_message
 
 # 1: the 0.30 error record (``error`` only); 2: 0.31 (``message`` and the
 # complete field set; compact records once both peers say so).
@@ -143,14 +154,16 @@ class ErrorMessage(_Base, tag="error", omit_defaults=True):
     """Stage → orchestrator: a request (or the stage, when ``fatal``) failed.
 
     The §3 field set flat, plus ``error`` (the 0.30 name of ``message``; empty
-    in a compact record) and ``reason`` (the log text of a fatal error).
+    in a compact record), ``reason`` (the log text of a fatal error) and
+    ``event_id`` (0.30: the client event an interaction error answers).
     ``message``/``category``/``parameter`` are ``None`` when a legacy sender
-    omitted them; ``to_details`` then reads the record by its status. Fields
-    at their default are not sent: a 0.30 receiver has the same defaults.
+    omitted them, ``status_code``/``error_type`` when a 0.30 sender did;
+    ``to_details`` then reads the record as 0.30 meant it. Fields at their
+    default are not sent: a 0.30 receiver has the same defaults.
     """
 
-    status_code: int
-    error_type: str
+    status_code: int | None = None
+    error_type: str | None = None
     error: str = ""
     fatal: bool = False
     request_id: str | None = None
@@ -159,16 +172,22 @@ class ErrorMessage(_Base, tag="error", omit_defaults=True):
     category: str | None = None
     parameter: str | None = None
     reason: str | None = None
+    event_id: str | None = None
 
     @classmethod
     def from_details(
-        cls, details: OmniErrorDetails, *, reason: str | None = None
+        cls,
+        details: OmniErrorDetails,
+        *,
+        reason: str | None = None,
+        event_id: str | None = None,
     ) -> ErrorMessage:
-        return cls(**details.to_wire(), reason=reason)
+        return cls(**details.to_wire(), reason=reason, event_id=event_id)
 
     def to_details(self) -> OmniErrorDetails:
         fields = msgspec.structs.asdict(self)
         fields.pop("reason")
+        fields.pop("event_id")
         return OmniErrorDetails.from_wire(
             {key: value for key, value in fields.items() if value is not None}
         )
@@ -188,6 +207,7 @@ class CompactError(
         "stage_id": "i",
         "fatal": "f",
         "reason": "why",
+        "event_id": "ev",
     },
 ):
     """The error record between 0.31 peers: an ``ErrorMessage`` in fewer bytes.
@@ -205,10 +225,12 @@ class CompactError(
     stage_id: int | None = None
     fatal: bool = False
     reason: str | None = None
+    event_id: str | None = None
 
 
 class LegacyErrorMessage(_Base, tag="error"):
-    """The 0.30 error message: the legacy flat fields only (``legacy_wire``)."""
+    """The 0.30 error message (``legacy_wire``): its fields, in its order,
+    every one sent, as 0.30's Struct encodes them."""
 
     error: str
     status_code: int
@@ -216,6 +238,7 @@ class LegacyErrorMessage(_Base, tag="error"):
     fatal: bool = False
     request_id: str | None = None
     stage_id: int | None = None
+    event_id: str | None = None
 
 
 class UtilityRequest(_Base, tag="utility"):
@@ -270,7 +293,14 @@ def encode(
     if isinstance(message, ErrorMessage) and (legacy_wire or compact):
         details = message.to_details()
         if legacy_wire:
-            return _encoder.encode(LegacyErrorMessage(**details.to_wire(legacy=True)))
+            legacy = details.to_wire(legacy=True)
+            if details.fatal and message.reason:
+                # 0.30 says why the engine died in ``error`` (its receivers
+                # log it; clients get upstream's fixed text either way).
+                legacy["error"] = message.reason
+            return _encoder.encode(
+                LegacyErrorMessage(**legacy, event_id=message.event_id)
+            )
         return _encoder.encode(
             CompactError(
                 message=details.message,
@@ -282,6 +312,7 @@ def encode(
                 stage_id=details.stage_id,
                 fatal=details.fatal,
                 reason=message.reason,
+                event_id=message.event_id,
             )
         )
     return _encoder.encode(message)
@@ -301,6 +332,8 @@ def decode(data: bytes) -> Message | None:
     else:
         if isinstance(message, CompactError):
             return ErrorMessage(**msgspec.structs.asdict(message))
+        if isinstance(message, ErrorMessage):
+            return _with_reason(message)
         return message
     try:
         raw = _raw_decoder.decode(data)
@@ -311,3 +344,11 @@ def decode(data: bytes) -> Message | None:
             raw = {name: raw[key] for name, key in _COMPACT_KEYS.items() if key in raw}
         return ErrorMessage.from_details(OmniErrorDetails.from_wire(raw))
     return None
+
+
+def _with_reason(message: ErrorMessage) -> ErrorMessage:
+    """A 0.30 fatal record (no ``message``, no ``reason``) says why the
+    engine died in ``error``: that text, sanitized, is its ``reason``."""
+    if message.fatal and message.message is None and message.reason is None:
+        message.reason = sanitize_message(message.error).strip() or None
+    return message

@@ -96,6 +96,7 @@ from vllm_omni.errors.metrics import (
     AbortReason,
     record_abort,
 )
+from vllm_omni.errors.text import is_unicode
 from vllm_omni.outputs import DiffusionOutput, OmniRequestOutput, TextChoice
 from vllm_omni.stages import stage_params
 
@@ -239,6 +240,9 @@ def _bad_param(value: object, path: str, depth: int = 0) -> str | None:
     """The path of the first value that cannot travel to a stage, or None."""
     if isinstance(value, int) and not isinstance(value, bool):
         return None if value in _INT_RANGE else path
+    if isinstance(value, str):
+        # The wire's encoder (UTF-8) raises on a lone surrogate.
+        return None if is_unicode(value) else path
     if isinstance(value, _PARAM_TYPES):
         return None
     if depth >= 4:
@@ -251,7 +255,7 @@ def _bad_param(value: object, path: str, depth: int = 0) -> str | None:
         return None
     if isinstance(value, Mapping):
         for key, item in value.items():
-            if not isinstance(key, str):
+            if not isinstance(key, str) or not is_unicode(key):
                 return path
             bad = _bad_param(item, f"{path}.{key}" if path else key, depth + 1)
             if bad is not None:
@@ -836,6 +840,11 @@ class Orchestrator:
         route = self.route(wanted)
         if not isinstance(prompt, str):
             raise VLLMValidationError("prompt must be a string", parameter="prompt")
+        if not is_unicode(prompt):
+            raise VLLMValidationError(
+                "prompt is not valid Unicode (it holds a lone surrogate)",
+                parameter="prompt",
+            )
         bad = "params" if not isinstance(params, Mapping) else _bad_param(params, "")
         if bad is not None:
             raise VLLMValidationError(

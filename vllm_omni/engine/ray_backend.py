@@ -56,6 +56,7 @@ from vllm_omni.engine.stage_worker import StageWorker, WorkerSpec
 from vllm_omni.errors import (
     OmniServiceUnavailableError,
 )
+from vllm_omni.errors.logs import install_log_redaction
 
 __all__ = [
     "RAY_FAILURES",
@@ -127,6 +128,7 @@ class _StageActor:
             level=logging.INFO,
             format=f"%(levelname)s stage-{spec.stage.id} %(message)s",
         )
+        install_log_redaction()
         worker = StageWorker(spec)
         try:
             return asyncio.run(worker.serve())

@@ -64,6 +64,8 @@ from vllm_omni.engine import liveness
 from vllm_omni.engine import messages as m
 from vllm_omni.engine.faults import apply_fault, matching_fault
 from vllm_omni.errors import OmniServiceUnavailableError, fatal_reason, normalize
+from vllm_omni.errors.logs import install_log_redaction
+from vllm_omni.errors.sanitize import warm_rule_set
 from vllm_omni.stages import build_stage
 from vllm_omni.stages.base import Stage
 
@@ -449,7 +451,9 @@ class _LineHandler(logging.Handler):
 
 
 def configure_logging(stage_id: int, level: int, tracebacks: bool) -> None:
-    """This process's logging: every record one stamped line on stderr."""
+    """This process's logging: every record one stamped line on stderr, its
+    credentials redacted."""
+    install_log_redaction()
     handler = _LineHandler()
     handler.addFilter(_StageLogFilter(stage_id))
     handler.setFormatter(_OneLineFormatter(tracebacks))
@@ -468,6 +472,7 @@ def run_stage_process(spec: WorkerSpec) -> None:
     # the whole process group and must not kill stages under a live engine.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     configure_logging(spec.stage.id, spec.log_level, spec.log_tracebacks)
+    warm_rule_set()  # the first failure's record must not wait for it
     code = _serve(spec)
     sys.stdout.flush()
     sys.stderr.flush()

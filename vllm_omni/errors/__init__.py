@@ -10,6 +10,9 @@ as vLLM's own ``__init__`` does, so ``vllm_omni.errors.audit`` and
 from __future__ import annotations
 
 import importlib
+import sys
+import warnings
+from importlib import _bootstrap  # type: ignore[attr-defined]
 from typing import TYPE_CHECKING, Any
 
 _TYPES = "vllm_omni.errors.types"
@@ -122,7 +125,29 @@ if TYPE_CHECKING:
 __all__ = sorted(_LAZY)
 
 
+# Deprecated 0.30 constants (in ``compat``) and what replaces each. Never
+# cached here, so every access warns, at the reader's line (Python shows
+# each line's warning once); left out of ``__all__``, so ``import *`` does
+# not warn.
+_DEPRECATED: dict[str, str] = {
+    "DEFAULT_CLIENT_ERROR_TYPE": "a client error without a type now gets its "
+    "status's type (OmniErrorDetails.error_type)",
+}
+
+
 def __getattr__(name: str) -> Any:
+    if name in _DEPRECATED:
+        # ``from vllm_omni.errors import NAME`` looks NAME up twice: importlib's
+        # ``_handle_fromlist`` probes it, then the statement reads it. Only
+        # the read warns, so each import warns once.
+        if sys._getframe(1).f_code is not _bootstrap._handle_fromlist.__code__:
+            warnings.warn(
+                f"vllm_omni.errors.{name} is deprecated and will be removed in "
+                f"the next release: {_DEPRECATED[name]}.",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        return getattr(importlib.import_module("vllm_omni.errors.compat"), name)
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'vllm_omni.errors' has no attribute {name!r}")
@@ -132,4 +157,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | set(_DEPRECATED))

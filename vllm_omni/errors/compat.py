@@ -1,8 +1,11 @@
-"""Deprecated 0.30 helpers that shipped beside ``OmniClientError``.
+"""Deprecated 0.30 names that shipped beside ``OmniClientError``.
 
-They stay importable for one release and warn on every call. Each one guessed
-ownership from a status number; new code passes ``OmniErrorDetails`` and lets
-``to_exception`` decide by ``category``.
+They stay importable for one release (docs/errors/stages.md, compatibility
+window). The helpers warn on every call; each one guessed ownership from a
+status number; new code passes ``OmniErrorDetails`` and lets
+``to_exception`` decide by ``category``. The constant
+``DEFAULT_CLIENT_ERROR_TYPE`` warns on every access through
+``vllm_omni.errors`` (the package's ``__getattr__``).
 """
 
 from __future__ import annotations
@@ -11,10 +14,11 @@ import warnings
 from collections.abc import Callable
 from typing import NoReturn
 
-from vllm_omni.errors.details import STATUS_RANGES
+from vllm_omni.errors.details import DEFAULT_TYPE, STATUS_RANGES
 from vllm_omni.errors.types import OmniClientError
 
 __all__ = [
+    "DEFAULT_CLIENT_ERROR_TYPE",
     "client_error_from_metadata",
     "client_error_metadata",
     "is_client_error_status",
@@ -23,6 +27,10 @@ __all__ = [
 
 _REMOVAL = "It will be removed in the next release; use OmniErrorDetails instead."
 _CLIENT_STATUSES = STATUS_RANGES["client"]
+
+# 0.30's default ``error_type`` of ``OmniClientError``; here a client error
+# without a type gets its status's type (``HTTP_STATUS_TYPES``).
+DEFAULT_CLIENT_ERROR_TYPE = DEFAULT_TYPE["client"]
 
 
 def _deprecated(name: str) -> None:

@@ -199,19 +199,24 @@ class OmniErrorDetails:
 
         Unknown keys are ignored. A legacy record without ``category`` is read
         by its status: the one documented place where a status range decides
-        ownership, because a 0.30 sender did not say. Anything malformed
-        becomes a safe server-500 record that keeps the ids it could read.
+        ownership, because a 0.30 sender did not say. A record without a
+        status (how 0.30 wrote a stage's own failure or death) and anything
+        malformed become a safe server-500 record, with the generic message
+        (nobody classified the text as public), that keeps the ids it could
+        read and ``fatal``: a fatal record is never read as a nonfatal one.
         """
         if not isinstance(data, dict):
             return cls(GENERIC_SERVER_MESSAGE, "server", 500, "InternalServerError")
         request_id: str | None = None
         stage_id: int | None = None
+        fatal = False
         try:
             # Inside the try: even a key lookup can raise (a key whose __eq__
             # raises and whose hash collides with one of ours).
             request_id = sanitize_request_id(data.get("request_id"))
             stage = data.get("stage_id")
             stage_id = stage if is_stage_id(stage) else None
+            fatal = data.get("fatal") is True
             return _read_wire(data, request_id, stage_id)
         except Exception:
             return cls(
@@ -221,6 +226,7 @@ class OmniErrorDetails:
                 "InternalServerError",
                 request_id=request_id,
                 stage_id=stage_id,
+                fatal=fatal,
             )
 
 
@@ -229,9 +235,10 @@ def _read_wire(
 ) -> OmniErrorDetails:
     status = data.get("status_code")
     if not _is_int(status):
-        raise RuntimeError("status_code missing")
+        raise RuntimeError("no status_code: the safe server record")
     category = data.get("category")
-    if category is None:
+    legacy = category is None
+    if legacy:
         category = next(name for name, span in STATUS_RANGES.items() if status in span)
     # ``message`` is the 0.31 name, ``error`` the 0.30 one: a record may carry
     # either (a compact 0.31 record has no ``error``), or both.
@@ -244,6 +251,10 @@ def _read_wire(
     if not (isinstance(error_type, str) and _ERROR_TYPE_RE.fullmatch(error_type)):
         error_type = default_type(status, category)
     fatal = data.get("fatal", False)
+    if fatal is True and legacy:
+        # A 0.30 sender's fatal text is the log text of the death (receivers
+        # keep it as ``reason``); what a client sees of it is generic.
+        message = GENERIC_SERVER_MESSAGE
     return OmniErrorDetails(
         message=sanitize_message(message or "").strip() or status_phrase(status),
         category=category,

@@ -19,12 +19,17 @@ route exception is rendered *inside* the instrumentator, which then records
 the status the client really got. Framework errors are raised inside
 ``ExceptionMiddleware`` and rendered by handlers registered there, also inside.
 
-The boundary owns: request ids (the client's ``X-Request-Id`` names every
-error response), logging (5xx with traceback, 4xx at INFO; overload
-refusals, refusals by a dead engine and replayed job errors at INFO without
-traceback), legacy-fallback accounting, stage-aware termination on engine
+The boundary owns: request ids (exactly one ``X-Request-Id`` on every HTTP
+response and accepted WebSocket handshake, success or error: the client's
+when it is a safe token, else a new one; error responses get it from the
+renderer, every other response start from the boundary), logging (5xx with
+traceback, 4xx at INFO; overload refusals, refusals by a dead engine and
+replayed job errors at INFO without traceback), retry guidance for replayed
+job errors (``x-should-retry: false``: a repeat reads the same stored
+record), legacy-fallback accounting, stage-aware termination on engine
 death, the request body limit (413 while the body is read, before anything
-parses it) and client disconnects. The framework handlers put ``Allow`` on
+parses it), the WebSocket message limit (a 413 error event and close 1009
+instead of the message) and client disconnects. The framework handlers put ``Allow`` on
 every 405, and the router's default answers an unmatched WebSocket handshake
 with the same canonical 404 as HTTP instead of Starlette's bare 403. It
 renders only through ``vllm_omni.errors.render``.
@@ -47,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import threading
@@ -72,10 +78,16 @@ from vllm_omni.errors.metrics import (
 )
 from vllm_omni.errors.normalizer import Mode, is_legacy_fallback, normalize
 from vllm_omni.errors.render import (
+    WS_CLOSE_TOO_BIG,
     http_error_response,
     websocket_denial,
+    ws_error_event,
 )
-from vllm_omni.errors.sanitize import sanitize_parameter, sanitize_request_id
+from vllm_omni.errors.sanitize import (
+    sanitize_parameter,
+    sanitize_request_id,
+    warm_rule_set,
+)
 from vllm_omni.errors.table import HTTP_STATUS_TYPES, row_for
 from vllm_omni.errors.types import (
     EngineDeadError,
@@ -113,6 +125,9 @@ _START_MESSAGES = frozenset(
         "websocket.http.response.start",
     }
 )
+# Start messages that carry response headers (a close frame has none).
+_HEADER_STARTS = _START_MESSAGES - {"websocket.close"}
+_REQUEST_ID = b"x-request-id"
 
 
 def request_id_of(conn: HTTPConnection) -> str:
@@ -144,6 +159,17 @@ def _incoming_request_id(scope: Scope) -> str:
                 return accepted
             break
     return _new_request_id()
+
+
+def _with_request_id(message: Message, scope: Scope) -> Message:
+    """``message`` (a response start) with this request's ``X-Request-Id``,
+    unless it already has one (error responses: the renderer put it there)."""
+    headers = message.get("headers") or []
+    for name, _ in headers:
+        if name.lower() == _REQUEST_ID:
+            return message
+    request_id = scope_request_id(scope).encode()
+    return {**message, "headers": [*headers, (_REQUEST_ID, request_id)]}
 
 
 def _for_this_request(details: OmniErrorDetails, scope: Scope) -> OmniErrorDetails:
@@ -199,9 +225,15 @@ _FALLBACKS = _FallbackLog()
 
 def replayed(exc: BaseException) -> BaseException:
     """Mark an exception rebuilt from a stored record (a failed job read back):
-    it was logged when it happened, so reading it back logs at INFO."""
+    it was logged when it happened, so reading it back logs at INFO, and a
+    repeat would read the same record, so its response says
+    ``x-should-retry: false``."""
     setattr(exc, _REPLAYED, True)
     return exc
+
+
+def _is_replayed(exc: BaseException | None) -> bool:
+    return exc is not None and getattr(exc, _REPLAYED, False) is True
 
 
 def _quiet_reason(exc: BaseException | None) -> str | None:
@@ -214,7 +246,7 @@ def _quiet_reason(exc: BaseException | None) -> str | None:
         return "overload"
     if isinstance(exc, EngineDeadError):
         return "engine dead"  # the death itself was logged once, CRITICAL
-    if exc is not None and getattr(exc, _REPLAYED, False):
+    if _is_replayed(exc):
         return "stored job error"
     return None
 
@@ -319,6 +351,27 @@ def _too_large(limit: int) -> StarletteHTTPException:
     )
 
 
+def _event_too_large(limit: int) -> OmniClientError:
+    return OmniClientError(
+        f"A WebSocket message must be at most {limit} bytes.",
+        status_code=413,
+        error_type=HTTP_STATUS_TYPES[413],
+    )
+
+
+def _over_limit(message: Message, limit: int) -> bool:
+    """Whether a WebSocket message was larger than ``limit`` bytes as sent."""
+    data = message.get("bytes")
+    if data is not None:
+        return len(data) > limit
+    text = message.get("text") or ""
+    # A text message travels as UTF-8, 1 to 4 bytes a character: encode only
+    # when the count of characters cannot decide.
+    if len(text) > limit or len(text) * 4 <= limit:
+        return len(text) > limit
+    return len(text.encode()) > limit
+
+
 def _declared_length(scope: Scope) -> int | None:
     for name, value in scope.get("headers", ()):
         if name == b"content-length":
@@ -355,7 +408,9 @@ def limit_body(scope: Scope, receive: Receive, limit: int) -> Receive:
 class ErrorBoundary:
     """Pure ASGI middleware: render any escaping exception as the canonical error.
 
-    With ``max_request_bytes`` it also bounds every request body (413).
+    With ``max_request_bytes`` it also bounds every request body (413); with
+    ``max_ws_message_bytes`` every WebSocket message a client sends (an error
+    event, 413, then close 1009).
     """
 
     def __init__(
@@ -363,19 +418,23 @@ class ErrorBoundary:
         app: ASGIApp,
         mode: Mode = "strict",
         max_request_bytes: int | None = None,
+        max_ws_message_bytes: int | None = None,
     ) -> None:
         self.app = app
         self.mode = mode
         self.max_request_bytes = max_request_bytes
+        self.max_ws_message_bytes = max_ws_message_bytes
         self._warmed = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
             if scope["type"] == "lifespan" and not self._warmed:
                 # Upstream's launcher module (terminate_if_errored) costs
-                # 3-4 s of imports: load it beside startup, not before it.
+                # 3-4 s of imports, the sanitizer's rule set a few tenths:
+                # load them beside startup, not before it.
                 self._warmed = True
                 warm_launcher()
+                warm_rule_set()
             await self.app(scope, receive, send)
             return
         # Per request (uvicorn runs each in its own task): the engine reads
@@ -383,11 +442,11 @@ class ErrorBoundary:
         context = AbortContext()
         set_abort_context(context)
         if scope["type"] == "websocket":
-            await self._call(
-                scope,
-                _websocket_receive(receive, context),
-                _websocket_send(send, context),
-            )
+            ws_send = _websocket_send(send, context)
+            ws_receive = _websocket_receive(receive, context)
+            if self.max_ws_message_bytes is not None:
+                ws_receive = self._limit_messages(scope, ws_receive, ws_send)
+            await self._call(scope, ws_receive, ws_send)
             return
         watch = _DisconnectWatch(receive, context)
         route_receive = watch.receive
@@ -410,20 +469,57 @@ class ErrorBoundary:
                 {
                     "type": "http.response.start",
                     "status": CLIENT_CLOSED_REQUEST,
-                    "headers": [],
+                    "headers": [(_REQUEST_ID, scope_request_id(scope).encode())],
                 }
             )
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def _limit_messages(self, scope: Scope, receive: Receive, send: Send) -> Receive:
+        """``receive`` that answers a client message over the limit itself.
+
+        The message is not handed to the route: the client gets one error
+        event (413 ``RequestTooLargeError``, counted as a client error) and a
+        close with 1009 (message too big); the route sees a disconnect, as
+        for any client that went away, and ends its session.
+        """
+        limit = self.max_ws_message_bytes
+        assert limit is not None
+        closed: Message | None = None
+
+        async def receive_limited() -> Message:
+            nonlocal closed
+            if closed is not None:
+                return closed
+            message = await receive()
+            if message["type"] != "websocket.receive" or not _over_limit(
+                message, limit
+            ):
+                return message
+            details = details_for_exception(
+                _event_too_large(limit),
+                request_id=scope_request_id(scope),
+                mode=self.mode,
+            )
+            event = ws_error_event(_for_this_request(details, scope))
+            with contextlib.suppress(Exception):  # a client already gone
+                await send({"type": "websocket.send", "text": json.dumps(event)})
+                await send({"type": "websocket.close", "code": WS_CLOSE_TOO_BIG})
+            closed = {"type": "websocket.disconnect", "code": WS_CLOSE_TOO_BIG}
+            return closed
+
+        return receive_limited
 
     async def _call(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = False
 
         async def send_tracked(message: Message) -> None:
-            # Only notes whether the response has started; error responses
-            # carry X-Request-Id because the renderers put it there.
+            # Notes whether the response has started, and names it: one
+            # lookup and one header per response, nothing per body chunk.
             nonlocal started
             if not started and message["type"] in _START_MESSAGES:
                 started = True
+                if message["type"] in _HEADER_STARTS:
+                    message = _with_request_id(message, scope)
             await send(message)
 
         try:
@@ -450,7 +546,8 @@ class ErrorBoundary:
                     )
                 return
             if scope["type"] == "http":
-                await http_error_response(details)(scope, receive, send)
+                response = http_error_response(details, replayed=_is_replayed(exc))
+                await response(scope, receive, send)
             else:
                 await deny_websocket(scope, send, details)
 
@@ -666,14 +763,19 @@ async def _outer_safety_net(request: Request, exc: Exception) -> Response:
 
 
 def install_error_handling(
-    app: FastAPI, *, mode: Mode = "strict", max_request_bytes: int | None = None
+    app: FastAPI,
+    *,
+    mode: Mode = "strict",
+    max_request_bytes: int | None = None,
+    max_ws_message_bytes: int | None = None,
 ) -> None:
     """Install the boundary, the framework handlers and the outer safety net.
 
     Idempotent. ``mode="legacy"`` enables upstream's raw-exception fallbacks
     (``ValueError``/``TypeError``/``OverflowError`` → 400,
     ``NotImplementedError`` → 501), each hit counted and logged by raise site.
-    ``max_request_bytes`` bounds every request body (413 past it).
+    ``max_request_bytes`` bounds every request body (413 past it),
+    ``max_ws_message_bytes`` every WebSocket message (413 event, close 1009).
     """
     if mode not in _MODES:
         raise RuntimeError(f"error mode must be one of {_MODES}, got {mode!r}")
@@ -682,7 +784,12 @@ def install_error_handling(
         m for m in app.user_middleware if m.cls is not ErrorBoundary
     ]
     app.user_middleware.append(
-        Middleware(ErrorBoundary, mode=mode, max_request_bytes=max_request_bytes)
+        Middleware(
+            ErrorBoundary,
+            mode=mode,
+            max_request_bytes=max_request_bytes,
+            max_ws_message_bytes=max_ws_message_bytes,
+        )
     )
     app.router.default = _not_found
     app.add_exception_handler(

@@ -11,7 +11,7 @@ from __future__ import annotations
 from http import HTTPStatus
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["ERROR_RESPONSES", "ErrorEnvelope", "ErrorObject"]
 
@@ -27,6 +27,11 @@ class ErrorObject(BaseModel):
     code: int
     request_id: str | None = None
     stage_id: int | None = None
+    error_stage_id: int | None = Field(
+        None,
+        deprecated="0.30's name of stage_id; removed in the next release",
+        description="Equal to stage_id.",
+    )
 
 
 class ErrorEnvelope(BaseModel):

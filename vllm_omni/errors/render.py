@@ -5,6 +5,14 @@ This is the only module that builds the OpenAI-style envelope
 (DESIGN §4). Each transport has one function here, and each counts the error
 it renders in ``vllm_omni:errors_total``. Renderers read only the record: they
 never see the exception, so nothing the normalizer dropped can come back.
+
+It also owns the retry guidance (DESIGN §10): ``should_retry`` decides from
+the record alone (owner, status, fatality) whether repeating the request can
+help. HTTP responses carry the decision as ``x-should-retry`` (the header the
+OpenAI and Anthropic SDKs obey before their own status rules) with
+``Retry-After`` when it is ``true``; where no header can be read (an SSE
+error event after 200, a WebSocket error event, a stored job error) the
+error object carries it as ``retryable``. No route sets either.
 """
 
 from __future__ import annotations
@@ -21,10 +29,14 @@ __all__ = [
     "REQUEST_ID_HEADER",
     "RETRY_AFTER_HEADER",
     "RETRY_AFTER_S",
+    "SHOULD_RETRY_HEADER",
+    "WS_CLOSE_TOO_BIG",
     "error_body",
     "error_object",
     "http_error_response",
     "job_error",
+    "retry_headers",
+    "should_retry",
     "sse_error_events",
     "websocket_denial",
     "ws_close_code",
@@ -32,17 +44,29 @@ __all__ = [
 ]
 
 REQUEST_ID_HEADER = "X-Request-Id"
-# A 503 (overload, shutting down, a stage pool drained) is retryable: tell
-# clients and load balancers when (RFC 9110 §10.2.3), as upstream's
-# QueueOverflowError asks them to retry.
+# The OpenAI and Anthropic SDKs read this before their own rule (retry 408,
+# 409, 429 and every 5xx): "true" or "false" overrides it.
+SHOULD_RETRY_HEADER = "x-should-retry"
+# Every retryable error says when (RFC 9110 §10.2.3), as upstream's
+# QueueOverflowError asks clients to retry; the SDKs wait that long instead
+# of their own backoff.
 RETRY_AFTER_HEADER = "Retry-After"
 RETRY_AFTER_S = 1
+
+# Client errors a repeat of the same request can get past: it arrived too
+# slowly (408) or too soon (429). Every other client error is answered the
+# same way again.
+_RETRYABLE_CLIENT_STATUSES = frozenset({408, 429})
+# Server errors no repeat can change: the server does not implement it.
+_FINAL_SERVER_STATUSES = frozenset({501})
 
 # WebSocket close codes (RFC 6455 §7.4.1): policy violation for client
 # errors, internal error for server errors, try again later for 503.
 _WS_CLOSE_CLIENT = 1008
 _WS_CLOSE_SERVER = 1011
 _WS_CLOSE_TRY_AGAIN = 1013
+# After the error event for a client message over the size limit.
+WS_CLOSE_TOO_BIG = 1009
 
 
 def error_object(details: OmniErrorDetails) -> dict[str, Any]:
@@ -57,12 +81,48 @@ def error_object(details: OmniErrorDetails) -> dict[str, Any]:
         obj["request_id"] = details.request_id
     if details.stage_id is not None:
         obj["stage_id"] = details.stage_id
+        # 0.30's name, kept for one release (docs/errors/stages.md).
+        obj["error_stage_id"] = details.stage_id
     return obj
 
 
 def error_body(details: OmniErrorDetails) -> dict[str, Any]:
     """The envelope: ``{"error": error_object}``."""
     return {"error": error_object(details)}
+
+
+def should_retry(details: OmniErrorDetails) -> bool:
+    """Whether repeating the same request can succeed, from the record alone.
+
+    Client errors: no, except 408 and 429. Server errors: no for a dead
+    engine (``fatal``: it is terminating, or kept alive dead) and for 501;
+    yes for the rest (503 overload or drained stage, 504 stage deadline, and a
+    nonfatal 500: one request failed in a stage that keeps serving, as the
+    SDKs assume for every 5xx).
+    """
+    if details.category == "client":
+        return details.status_code in _RETRYABLE_CLIENT_STATUSES
+    return not details.fatal and details.status_code not in _FINAL_SERVER_STATUSES
+
+
+def retry_headers(
+    details: OmniErrorDetails, *, replayed: bool = False
+) -> list[tuple[str, str]]:
+    """``x-should-retry``, and ``Retry-After`` when it is ``true``.
+
+    ``replayed``: the response repeats a stored outcome (a failed job's
+    content), which a repeat of the request would only repeat again.
+    """
+    if replayed or not should_retry(details):
+        return [(SHOULD_RETRY_HEADER, "false")]
+    return [(SHOULD_RETRY_HEADER, "true"), (RETRY_AFTER_HEADER, str(RETRY_AFTER_S))]
+
+
+def _with_retry(details: OmniErrorDetails) -> dict[str, Any]:
+    """The error object plus ``retryable``, for transports without headers."""
+    obj = error_object(details)
+    obj["retryable"] = should_retry(details)
+    return obj
 
 
 def _json(value: Any) -> bytes:
@@ -74,19 +134,19 @@ def http_error_response(
     *,
     transport: Transport = "http",
     allow: str | None = None,
+    replayed: bool = False,
 ) -> Response:
     """An HTTP response whose status always equals ``error.code``.
 
-    ``allow`` is the ``Allow`` header a 405 must carry (RFC 9110 §15.5.6).
+    ``allow`` is the ``Allow`` header a 405 must carry (RFC 9110 §15.5.6);
+    ``replayed`` marks a stored outcome (``retry_headers``).
     """
     record_error(transport, details)
-    headers: dict[str, str] = {}
+    headers = dict(retry_headers(details, replayed=replayed))
     if details.request_id:
         headers[REQUEST_ID_HEADER] = details.request_id
     if allow is not None:
         headers["Allow"] = allow
-    if details.status_code == 503:
-        headers[RETRY_AFTER_HEADER] = str(RETRY_AFTER_S)
     return Response(
         _json(error_body(details)),
         status_code=details.status_code,
@@ -96,9 +156,13 @@ def http_error_response(
 
 
 def sse_error_events(details: OmniErrorDetails) -> bytes:
-    """The terminal frames of a stream that already sent 200: error, then DONE."""
+    """The terminal frames of a stream that already sent 200: error, then DONE.
+
+    The 200's headers went out before the error: ``retryable`` says it.
+    """
     record_error("sse", details)
-    return b"data: " + _json(error_body(details)) + b"\n\ndata: [DONE]\n\n"
+    body = {"error": _with_retry(details)}
+    return b"data: " + _json(body) + b"\n\ndata: [DONE]\n\n"
 
 
 def ws_error_event(
@@ -106,7 +170,7 @@ def ws_error_event(
 ) -> dict[str, Any]:
     """A WebSocket error event; ``event_id`` echoes the client event it answers."""
     record_error("websocket", details)
-    event: dict[str, Any] = {"type": "error", "error": error_object(details)}
+    event: dict[str, Any] = {"type": "error", "error": _with_retry(details)}
     if event_id is not None:
         event["event_id"] = event_id
     return event
@@ -120,9 +184,10 @@ def ws_close_code(details: OmniErrorDetails) -> int:
 
 
 def job_error(details: OmniErrorDetails) -> dict[str, Any]:
-    """The error object an async job stores and later returns unchanged."""
+    """The error object an async job stores and later returns unchanged;
+    ``retryable`` says whether submitting the job again can succeed."""
     record_error("job", details)
-    return error_object(details)
+    return _with_retry(details)
 
 
 def websocket_denial(
@@ -138,10 +203,12 @@ def websocket_denial(
     if not with_body:
         return [{"type": "websocket.close", "code": ws_close_code(details)}]
     headers = [(b"content-type", b"application/json")]
+    headers += [
+        (name.lower().encode(), value.encode())
+        for name, value in retry_headers(details)
+    ]
     if details.request_id:
         headers.append((b"x-request-id", details.request_id.encode()))
-    if details.status_code == 503:
-        headers.append((b"retry-after", str(RETRY_AFTER_S).encode()))
     return [
         {
             "type": "websocket.http.response.start",

@@ -39,11 +39,16 @@ Every Omni type survives ``pickle`` (any protocol), ``copy`` and
 pattern) cannot break a process pool. Upstream types that cannot round-trip
 are listed in ``UNPICKLABLE_UPSTREAM``; the APIs never hand them to callers.
 
+0.30 names kept for one release (docs/errors/stages.md), deprecated: every
+Omni type answers ``error_stage_id`` (its ``stage_id``), and
+``OmniEngineDeadError`` takes 0.30's ``(message, error_stage_id=)``.
+
 This module owns the classes only: it does not map, sanitize or render.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from vllm.exceptions import (
@@ -102,6 +107,15 @@ __all__ = [
 ]
 
 
+def _deprecated(what: str, instead: str) -> None:
+    """One DeprecationWarning for a 0.30 form, at the caller's line."""
+    warnings.warn(
+        f"{what} is deprecated and will be removed in the next release; {instead}.",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+
+
 def _restore(
     cls: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]
 ) -> BaseException:
@@ -126,6 +140,16 @@ class _OmniException:
         # BaseException's own reduce calls ``cls(*args)``, which fails for
         # keyword-only constructors and doubles EngineDeadError's args.
         return (_restore, (type(self), self.args, dict(vars(self))))
+
+    @property
+    def error_stage_id(self) -> int | None:
+        """Deprecated 0.30 name of ``stage_id`` (the record's, when the
+        instance has none of its own); warns on every read."""
+        _deprecated("error_stage_id", "read stage_id or .details.stage_id")
+        stage = getattr(self, "stage_id", None)
+        if stage is None and self.details is not None:
+            stage = self.details.stage_id
+        return stage
 
     def __repr__(self) -> str:
         details = self.details
@@ -228,6 +252,10 @@ class OmniEngineDeadError(_StatusOnClass, EngineDeadError):
 
     Clients see ``EngineDeadError.CLIENT_MESSAGE``; ``str()`` stays the
     log-oriented upstream text, extended by the stage that died.
+
+    The 0.30 form ``OmniEngineDeadError(message, error_stage_id=N)`` still
+    works for one release, deprecated (one warning per call): its message
+    was the log text of the death, so it becomes ``reason``.
     """
 
     status_code = 500
@@ -235,12 +263,28 @@ class OmniEngineDeadError(_StatusOnClass, EngineDeadError):
 
     def __init__(
         self,
+        message: str | None = None,
         *,
         stage_id: int | None = None,
         reason: str | None = None,
         details: OmniErrorDetails | None = None,
         suppress_context: bool = False,
+        error_stage_id: int | None = None,
     ) -> None:
+        if message is not None or error_stage_id is not None:
+            if (message is not None and reason is not None) or (
+                error_stage_id is not None and stage_id is not None
+            ):
+                raise RuntimeError(
+                    "OmniEngineDeadError: pass reason= and stage_id= only, "
+                    "not also their 0.30 forms"
+                )
+            _deprecated(
+                "OmniEngineDeadError(message, error_stage_id=)",
+                "pass reason= and stage_id=",
+            )
+            reason = reason if message is None else message
+            stage_id = stage_id if error_stage_id is None else error_stage_id
         super().__init__(suppress_context=suppress_context)
         self.stage_id = stage_id
         self.reason = reason

@@ -154,6 +154,12 @@ def test_the_guide_documents_every_exit_status_and_rule(run_cli: RunCli) -> None
     codes = [cli.EXIT_CLEAN, cli.EXIT_FINDINGS, cli.EXIT_USAGE, cli.EXIT_INTERNAL]
     assert documented == codes == [0, 1, 2, 3]
     assert [f"### {rule.id} {rule.name}" in guide for rule in RULES] == [True] * 6
-    for option in ("--root", "--sarif-max-results", "--sarif-include-allowlisted"):
+    for option in (
+        "--root",
+        "--sarif-max-results",
+        "--sarif-include-allowlisted",
+        "--fix",
+        "--suggest",
+    ):
         assert option in guide
         assert option in run_cli("--help").stdout

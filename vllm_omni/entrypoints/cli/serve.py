@@ -225,6 +225,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from vllm_omni.errors.logs import install_log_redaction
+
+    # Before anything logs: this process and the stages forked from it.
+    install_log_redaction()
     from vllm_omni.engine.orchestrator import StageStartupError
     from vllm_omni.engine.processes import start_launcher
     from vllm_omni.errors import VLLMValidationError

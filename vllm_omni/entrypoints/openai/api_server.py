@@ -1,11 +1,12 @@
 """The OpenAI-compatible API server, in the style of ``vllm serve``.
 
 ``build_app`` assembles the FastAPI app: routers (each behind the API-key
-dependency), the error boundary, the Prometheus instrumentator mounted the
-way vLLM mounts it, and ``/openapi.json`` narrowed to the engine's pipeline
-(``openapi.served``). ``init_app_state`` hangs the engine client and the
-job store on ``app.state``. ``run_server`` serves a started engine with
-uvicorn, and shuts everything down in order.
+dependency and the check that all client text is Unicode), the error
+boundary, the Prometheus instrumentator mounted the way vLLM mounts it, and
+``/openapi.json`` narrowed to the engine's pipeline (``openapi.served``).
+``init_app_state`` hangs the engine client and the job store on
+``app.state``. ``run_server`` serves a started engine with uvicorn, and shuts
+everything down in order.
 
 This module wires things together; it owns no route logic and builds no
 error responses (routes raise, ``vllm_omni.errors`` renders).
@@ -35,6 +36,7 @@ from vllm_omni.entrypoints.openai.auth import (
 )
 from vllm_omni.entrypoints.openai.limits import RequestLimits
 from vllm_omni.entrypoints.openai.openapi import prepare, served
+from vllm_omni.entrypoints.openai.unicode import require_unicode
 from vllm_omni.errors.fastapi import install_error_handling
 from vllm_omni.errors.openapi import ERROR_RESPONSES
 from vllm_omni.upstream import launcher
@@ -46,6 +48,7 @@ logger = logging.getLogger("vllm_omni.server")
 # Operational endpoints the instrumentator leaves out, as vLLM does.
 _UNMETERED = ["/metrics", "/health"]
 _EXIT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_UVICORN_WS_MAX_SIZE = 16 * 1024 * 1024
 
 # Route modules: each has ``router``, optionally ``PUBLIC`` (no API key) and
 # ``init_state(app, args)`` / ``shutdown_state(app)`` hooks.
@@ -95,12 +98,15 @@ def build_app(args: argparse.Namespace) -> FastAPI:
     app = FastAPI(title="vLLM-Omni", lifespan=lifespan)
     app.state.api_key = getattr(args, "api_key", None)
     app.state.route_modules = _route_modules()
+    # Every route, public ones included, refuses text that is not Unicode;
+    # the key is checked first (before the body is read, see auth).
+    unicode = [Depends(require_unicode)]
     auth = [Depends(require_api_key)]
     for module in app.state.route_modules:
         public = getattr(module, "PUBLIC", False)
         app.include_router(
             module.router,
-            dependencies=None if public else auth,
+            dependencies=unicode if public else auth + unicode,
             responses=ERROR_RESPONSES,
         )
     authenticate_before_body(app)
@@ -109,6 +115,7 @@ def build_app(args: argparse.Namespace) -> FastAPI:
         app,
         mode=args.error_mode,
         max_request_bytes=app.state.limits.max_request_bytes,
+        max_ws_message_bytes=app.state.limits.max_ws_message_bytes,
     )
     Instrumentator(excluded_handlers=_UNMETERED).instrument(app).expose(
         app, response_class=_PrometheusResponse, include_in_schema=False
@@ -147,6 +154,7 @@ async def run_server(args: argparse.Namespace, engine: AsyncOmni) -> int:
             port=args.port,
             log_level=args.uvicorn_log_level,
             timeout_graceful_shutdown=5,
+            ws_max_size=_ws_max_size(app),
         )
         # uvicorn's own handlers re-raise SIGINT/SIGTERM once serve() returns,
         # killing the process before the stages are shut down below; like
@@ -175,6 +183,18 @@ async def run_server(args: argparse.Namespace, engine: AsyncOmni) -> int:
         return 1 if engine.errored else 0
     finally:
         engine.shutdown()
+
+
+def _ws_max_size(app: FastAPI) -> int:
+    """uvicorn's cap on a WebSocket message, above ours so that ours decides.
+
+    A message between our limit and this cap is read and answered with the
+    canonical error event (the error boundary); past the cap the protocol
+    layer closes with 1009 without reading further. uvicorn's default (16 MiB)
+    unless our limit needs more room.
+    """
+    limit: int = app.state.limits.max_ws_message_bytes
+    return max(_UVICORN_WS_MAX_SIZE, 2 * limit)
 
 
 class _LoopSignalServer(uvicorn.Server):

@@ -25,6 +25,8 @@ _HELP = {
     "decoding) of an uploaded image (422 on the image field)",
     "max_image_frames": "most frames of an uploaded animated image (422 on the "
     "image field)",
+    "max_ws_message_bytes": "largest WebSocket message (realtime event) in bytes; "
+    "a larger one gets an error event (413) and the session closes with 1009",
 }
 
 
@@ -37,6 +39,7 @@ class RequestLimits:
     max_image_bytes: int = 16 * 1024 * 1024
     max_image_pixels: int = 4096 * 4096
     max_image_frames: int = 64
+    max_ws_message_bytes: int = 1024 * 1024
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RequestLimits:

@@ -13,6 +13,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vllm_omni.errors.audit.allowlist import load_allowlist
 from vllm_omni.errors.audit.baseline import (
@@ -30,8 +31,11 @@ from vllm_omni.errors.audit.formats import (
     render_sarif_with_summary,
 )
 from vllm_omni.errors.audit.rules import RULES
-from vllm_omni.errors.audit.runner import Report, run_audit
+from vllm_omni.errors.audit.runner import Report, scan_tree
 from vllm_omni.errors.audit.usage import AuditUsageError
+
+if TYPE_CHECKING:
+    from vllm_omni.errors.audit import migrate
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -123,6 +127,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-cache", action="store_true", help="neither read nor write it"
     )
+    parser.add_argument(
+        "--fix",
+        action="store_true",
+        help="rewrite in place what needs no judgement (HTTPException with a "
+        "literal status, error responses without their status, status-range "
+        "guesses on a record); the report is of the tree after it",
+    )
+    parser.add_argument(
+        "--suggest",
+        action="store_true",
+        help="write the rewrites that need a person (raw raises at request "
+        "boundaries, broad excepts) as a unified diff for git apply, instead "
+        "of the report; with --format sarif, every rewrite as a result's fixes",
+    )
     return parser
 
 
@@ -145,22 +163,66 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     if args.update_baseline and args.baseline is None:
         raise AuditUsageError("--update-baseline needs --baseline FILE")
+    if args.suggest and args.format not in ("text", "sarif"):
+        raise AuditUsageError(
+            "--suggest writes a patch (or, with --format sarif, SARIF fixes)"
+        )
     allowlist = load_allowlist(args.allowlist) if args.allowlist else []
     creating = args.update_baseline and not args.baseline.exists()
     if args.update_baseline:
         check_writable(args.baseline)
     baseline = load_baseline(args.baseline) if args.baseline and not creating else None
     cache = None if args.no_cache else ScanCache(args.cache_dir or default_cache_dir())
-    report = run_audit(
-        args.paths, jobs=args.jobs, cache=cache, allowlist=allowlist, root=args.root
-    )
+    scanned = scan_tree(args.paths, jobs=args.jobs, cache=cache, root=args.root)
+    report = scanned.report(allowlist)
+    patch: bytes | None = None
+    if args.fix or args.suggest:
+        # LibCST and the rewrites load only here: a plain audit never pays.
+        from vllm_omni.errors.audit import migrate
+
+        if args.fix:
+            fixed = migrate.fix(scanned, report, cache, jobs=args.jobs)
+            report = scanned.report(allowlist)
+            _tell(fixed, "fixed", report)
+        if args.suggest:
+            offered = migrate.suggest(
+                scanned, report, offers=args.format == "sarif", jobs=args.jobs
+            )
+            report.offers = offered.offers
+            patch = None if args.format == "sarif" else offered.patch
+            _tell(offered, "offered" if patch is None else "suggested", None)
     # The ratchet's verdict comes first: its lines name each new site before
     # thousands of lines of report.
     status = _verdict(args, report, baseline, creating=creating)
-    _write(args.output, _render(args, report))
+    if patch is None:
+        _write(args.output, _render(args, report))
+    else:
+        _write_bytes(args.output, patch)
     for entry in report.unused_allowlist:
         _say(f"warning: allowlist entry {entry.rule} {entry.path!r} matched nothing")
     return status
+
+
+def _tell(outcome: migrate.Outcome, verb: str, after: Report | None) -> None:
+    """What a --fix or --suggest run did, and each site it left with why;
+    after a fix, at the site's place in the fixed file."""
+    where = f" in {len(outcome.files)} files" if verb != "offered" else ""
+    left = "" if after is None else f"; {len(after.findings)} findings remain"
+    _say(
+        f"{verb} {len(outcome.done)} sites{where}{left}; "
+        f"{len(outcome.skipped)} left for a person"
+    )
+    moved = {} if after is None else {f.fingerprint: f for f in after.findings}
+    skipped = [
+        (moved.get(skip.finding.fingerprint, skip.finding), skip.reason)
+        for skip in outcome.skipped
+    ]
+    for finding, reason in sorted(skipped, key=lambda s: (s[0].path, s[0].line)):
+        _say(
+            f"not {verb}: {finding.path}:{finding.line}:{finding.column} "
+            f"{finding.rule}: {reason}",
+            prefix=False,
+        )
 
 
 def _render(args: argparse.Namespace, report: Report) -> str:
@@ -233,7 +295,10 @@ def _ratchet(path: Path, baseline: Baseline, report: Report, *, update: bool) ->
 def _write(output: Path | None, text: str) -> None:
     # backslashreplace: a message may quote a string literal holding a lone
     # surrogate ("\ud800"), which UTF-8 cannot encode.
-    data = text.encode("utf-8", "backslashreplace")
+    _write_bytes(output, text.encode("utf-8", "backslashreplace"))
+
+
+def _write_bytes(output: Path | None, data: bytes) -> None:
     if output is None:
         try:
             sys.stdout.flush()

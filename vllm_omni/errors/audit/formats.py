@@ -8,7 +8,8 @@ what GitHub code scanning ingests (URIs relative to the project root under
 ``%SRCROOT%``, 1-based columns in UTF-16 code units, each site's fingerprint
 as a partial fingerprint). GitHub keeps 5,000 results per run, so SARIF keeps
 at most ``max_results`` (errors first) and leaves allowlisted findings out
-unless asked; what was cut is said in the run's properties.
+unless asked; what was cut is said in the run's properties. With ``--suggest``, a result
+whose finding has a rewrite carries it as a SARIF ``fix``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from vllm_omni.errors.audit.rules import (
     Rule,
     exception_kind,
 )
-from vllm_omni.errors.audit.runner import Report, ReportedFinding
+from vllm_omni.errors.audit.runner import Offer, Report, ReportedFinding
 
 TOOL_NAME = "vllm-omni errors audit"
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -176,6 +177,9 @@ def render_sarif_with_summary(
         result = _sarif_result(finding, index)
         if reason is not None:
             result["suppressions"] = [{"kind": "external", "justification": reason}]
+        offer = report.offers.get(finding.fingerprint)
+        if offer is not None:
+            result["fixes"] = [_sarif_fix(finding, offer)]
         results.append(result)
     summary = []
     if dropped:
@@ -287,6 +291,32 @@ def _sarif_rule(rule: Rule) -> dict[str, object]:
 def _directory_uri(root: str) -> str:
     uri = Path(root).as_uri()
     return uri if uri.endswith("/") else uri + "/"
+
+
+def _sarif_fix(finding: ReportedFinding, offer: Offer) -> dict[str, object]:
+    """A rewrite as a SARIF ``fix``: the replacements in the finding's file
+    (regions of the file as audited; complete on its own, import included)."""
+    kind = "safe fix (--fix applies it)" if offer.mechanical else "suggestion"
+    return {
+        "description": {"text": f"{offer.description} [{kind}]"},
+        "artifactChanges": [
+            {
+                "artifactLocation": {"uri": finding.uri, "uriBaseId": _SRCROOT},
+                "replacements": [
+                    {
+                        "deletedRegion": {
+                            "startLine": r.start_line,
+                            "startColumn": r.start_column,
+                            "endLine": r.end_line,
+                            "endColumn": r.end_column,
+                        },
+                        "insertedContent": {"text": r.text},
+                    }
+                    for r in offer.replacements
+                ],
+            }
+        ],
+    }
 
 
 def _sarif_result(finding: ReportedFinding, index: dict[str, int]) -> dict[str, object]:

@@ -377,6 +377,100 @@ SUGGESTION_BY_STATUS: dict[int, str] = {
 GENERIC_SUGGESTION = "a semantic VLLMError subtype"
 
 
+# -- the migration assistant (``--fix``, ``--suggest``) ----------------------
+
+# Where the rewrites import the semantic types from, and the modules that
+# bind the same objects (DESIGN §2 re-exports them by identity): a file that
+# already imports a type from one of them needs no second import.
+ERRORS_MODULE = "vllm_omni.errors"
+SEMANTIC_SOURCES: frozenset[str] = frozenset(
+    {
+        ERRORS_MODULE,
+        "vllm_omni.errors.types",
+        "vllm.exceptions",
+        "vllm.v1.engine.exceptions",
+    }
+)
+# What an error model returned by a route is wrapped in (``--fix`` OMNI003),
+# and the modules that bind the same callables.
+RESPONSE_IMPORTS: dict[str, tuple[str, frozenset[str]]] = {
+    "JSONResponse": (
+        "fastapi.responses",
+        frozenset({"fastapi.responses", "starlette.responses", "fastapi"}),
+    ),
+    "jsonable_encoder": (
+        "fastapi.encoders",
+        frozenset({"fastapi.encoders", "fastapi"}),
+    ),
+}
+# A function decorated with ``@<router>.<method>(...)`` in a file importing
+# fastapi or starlette is a route: what it returns is the HTTP response.
+ROUTE_DECORATORS: frozenset[str] = frozenset(
+    {"get", "post", "put", "patch", "delete", "head", "options", "api_route"}
+)
+WEB_FRAMEWORKS: frozenset[str] = frozenset({"fastapi", "starlette"})
+# The semantic types whose constructor takes ``parameter=`` (the field).
+PARAMETER_TYPES: frozenset[str] = frozenset(
+    {"VLLMValidationError", "VLLMUnprocessableEntityError", "GuardrailViolationError"}
+)
+# Each semantic type a rewrite may raise, with its parent: which except
+# clauses catch it (builtins are looked up in ``builtins``).
+SEMANTIC_PARENTS: dict[str, str] = {
+    "VLLMError": "Exception",
+    "VLLMClientError": "VLLMError",
+    "VLLMServerError": "VLLMError",
+    "VLLMValidationError": "VLLMClientError",
+    "VLLMNotFoundError": "VLLMClientError",
+    "VLLMUnprocessableEntityError": "VLLMClientError",
+    "GuardrailViolationError": "VLLMClientError",
+    "OmniConflictError": "VLLMClientError",
+    "OmniClientError": "VLLMClientError",
+    "OmniNotImplementedError": "VLLMServerError",
+    "OmniServiceUnavailableError": "VLLMServerError",
+    "OmniStageTimeoutError": "VLLMServerError",
+}
+# The record of DESIGN §3 and what builds one: ``x.status_code`` of such a
+# value has a ``category`` beside it (``--fix`` OMNI004).
+RECORD_TYPE = "OmniErrorDetails"
+RECORD_BUILDERS: frozenset[str] = frozenset({RECORD_TYPE, "normalize", "from_wire"})
+RECORD_CATEGORIES: dict[str, range] = {
+    "client": range(400, 500),
+    "server": range(500, 600),
+}
+
+
+# Every type --fix may raise instead of an HTTPException.
+FIX_TYPES: tuple[str, ...] = (*dict.fromkeys(SUGGESTION_BY_STATUS.values()),)
+
+
+def semantic_type_for_status(status: int) -> str | None:
+    """The semantic type ``--fix`` raises instead of ``HTTPException(status)``:
+    the table above, any other 5xx as ``VLLMServerError``; None for a status
+    with no semantic type (401, 403, 413, 429, ...: left to a person)."""
+    known = SUGGESTION_BY_STATUS.get(status)
+    if known is not None:
+        return known
+    return "VLLMServerError" if 500 <= status <= 599 else None
+
+
+# fastapi's HTTPException is starlette's, an ``Exception``.
+_PARENTS: dict[str, str] = {**SEMANTIC_PARENTS, "HTTPException": "Exception"}
+
+
+def ancestors(name: str) -> frozenset[str]:
+    """The class names an ``except`` clause may name to catch ``name``: a
+    builtin exception's MRO, or the chain of a semantic type (or of
+    HTTPException) up to Exception."""
+    chain: set[str] = set()
+    while name in _PARENTS:
+        chain.add(name)
+        name = _PARENTS[name]
+    builtin = getattr(builtins, name, None)
+    if isinstance(builtin, type) and issubclass(builtin, BaseException):
+        chain.update(cls.__name__ for cls in builtin.__mro__ if cls is not object)
+    return frozenset(chain)
+
+
 def suggest_for_status(status: int | None) -> str:
     """The semantic type for an HTTP status, or the generic advice."""
     if status is None:

@@ -83,6 +83,29 @@ class ReportedFinding:
     uri: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class Replacement:
+    """Text that replaces a region of a file: 1-based lines, 1-based columns
+    in UTF-16 code units, the end exclusive (an empty region inserts)."""
+
+    start_line: int
+    start_column: int
+    end_line: int
+    end_column: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """A rewrite of one finding, offered rather than applied (SARIF
+    ``fixes``): complete on its own, its import included."""
+
+    description: str
+    # What ``--fix`` applies (needs no judgement), or a ``--suggest`` rewrite.
+    mechanical: bool
+    replacements: tuple[Replacement, ...]
+
+
 @dataclass(slots=True)
 class Report:
     """Everything an output format shows."""
@@ -96,6 +119,8 @@ class Report:
     findings: list[ReportedFinding]
     allowlisted: list[tuple[ReportedFinding, AllowEntry]] = field(default_factory=list)
     unused_allowlist: list[AllowEntry] = field(default_factory=list)
+    # Rewrites offered for findings, by fingerprint (``--suggest``).
+    offers: dict[str, Offer] = field(default_factory=dict)
 
     def counts(self) -> dict[str, dict[str, int]]:
         """Findings per rule and folder (the baseline's numbers)."""
@@ -106,6 +131,22 @@ class Report:
             rule: dict(sorted(by_folder.items()))
             for rule, by_folder in sorted(counts.items())
         }
+
+
+@dataclass(slots=True)
+class Scanned:
+    """A scanned tree: every file's result, before the report is built (the
+    migration assistant replaces the results of the files it rewrote)."""
+
+    roots: list[str]
+    project: str
+    files: list[SourceFile]
+    results: list[FileResult]
+
+    def report(self, allowlist: Sequence[AllowEntry] = ()) -> Report:
+        return build_report(
+            self.roots, self.project, self.files, self.results, allowlist
+        )
 
 
 def run_audit(
@@ -120,11 +161,22 @@ def run_audit(
     """Audit ``paths`` (labelled relative to ``root``) and aggregate;
     ``whole`` parses every file whole instead of its skeleton (the reference
     the skeleton is tested against: same report, slower)."""
+    scanned = scan_tree(paths, jobs=jobs, cache=cache, root=root, whole=whole)
+    return scanned.report(allowlist)
+
+
+def scan_tree(
+    paths: Sequence[str],
+    *,
+    jobs: int,
+    cache: ScanCache | None,
+    root: str | None = None,
+    whole: bool = False,
+) -> Scanned:
+    """Discover and scan ``paths``; ``run_audit`` without the report."""
     project, files = discover(paths, root=root)
     results = scan_files(files, jobs=jobs, cache=cache, whole=whole)
-    return build_report(
-        [_printable(path) for path in paths], project, files, results, allowlist
-    )
+    return Scanned([_printable(path) for path in paths], project, files, results)
 
 
 def project_root(paths: Sequence[str], root: str | None = None) -> str:
@@ -302,15 +354,9 @@ def build_report(
     for source, result in zip(files, results, strict=True):
         for name, count in result.raises.items():
             inventory[name][source.folder] += count
-        occurrences: Counter[tuple[str, str, str]] = Counter()
-        for finding in result.findings:
-            if source.owned and rules.RULES_BY_ID[finding.rule].owned_by_errors_package:
-                continue
-            key = (finding.rule, finding.scope, finding.code)
-            occurrences[key] += 1
-            reported = _reported(source, finding, occurrences[key])
+        for _, reported in file_findings(source, result.findings):
             entry = next(
-                (e for e in allowlist if e.matches(finding.rule, source.shown)), None
+                (e for e in allowlist if e.matches(reported.rule, source.shown)), None
             )
             if entry is None:
                 report.findings.append(reported)
@@ -319,6 +365,22 @@ def build_report(
                 report.allowlisted.append((reported, entry))
     report.unused_allowlist = [entry for entry in allowlist if entry not in used]
     return report
+
+
+def file_findings(
+    source: SourceFile, findings: Sequence[Finding]
+) -> list[tuple[int, ReportedFinding]]:
+    """The findings of one file that apply at its path (the ownership
+    exemption), each with its index in ``findings`` and its fingerprint."""
+    reported: list[tuple[int, ReportedFinding]] = []
+    occurrences: Counter[tuple[str, str, str]] = Counter()
+    for index, finding in enumerate(findings):
+        if source.owned and rules.RULES_BY_ID[finding.rule].owned_by_errors_package:
+            continue
+        key = (finding.rule, finding.scope, finding.code)
+        occurrences[key] += 1
+        reported.append((index, _reported(source, finding, occurrences[key])))
+    return reported
 
 
 class _Dispatch:

@@ -200,8 +200,19 @@ def scan(data: bytes, *, whole: bool = False) -> FileResult:
             # rest is.
             return FileResult(findings=[_parse_error(data, exc)])
     result = scanner.result
-    result.findings.sort(key=lambda f: (f.line, f.column, f.rule))
+    result.findings.sort(key=_finding_order)
     return result
+
+
+def whole_scan(data: bytes, tree: ast.Module) -> _Scanner:
+    """The scanner of a whole parse of ``data`` (``tree``), for the migration
+    assistant: its ``sites()`` give the node of every finding. Raises
+    RecursionError where ``scan`` reports a file nested too deeply."""
+    return _Scanner(data, tree)
+
+
+def _finding_order(finding: Finding) -> tuple[int, int, str]:
+    return (finding.line, finding.column, finding.rule)
 
 
 def _skeleton_scanner(data: bytes) -> _Scanner | None:
@@ -276,6 +287,9 @@ class _Scanner:
         self._returns: list[tuple[ast.Return, str]] = []
         self._statements: list[tuple[ast.stmt, str]] = []
         self.result = FileResult()
+        # Each finding with the node it was found at, in the order found
+        # (``sites``: what the migration assistant rewrites).
+        self._sites: list[tuple[Finding, ast.AST]] = []
         self._collect_module(tree)
         self._check_raises()
         self._check_handlers()
@@ -291,6 +305,14 @@ class _Scanner:
             self._check_expressions(
                 self._expressions_on(hot_lines), status_tokens=status_tokens
             )
+
+    def sites(self) -> list[tuple[Finding, ast.AST]]:
+        """Each finding with its node, sorted as ``scan`` sorts findings."""
+        return sorted(self._sites, key=lambda site: _finding_order(site[0]))
+
+    def callee(self, node: ast.expr) -> str:
+        """The resolved last name of a call's (or a class's) target."""
+        return self._callee(node)
 
     def matches(self, shape: Skeleton, text: str) -> bool:
         """Whether this scan of ``shape`` is the whole file's: every ``pass``
@@ -722,9 +744,9 @@ class _Scanner:
             code = f"except{caught}:"
         else:
             code = self._source(node)
-        self.result.findings.append(
-            Finding(rule, node.lineno, column, message, suggestion, scope, code)
-        )
+        finding = Finding(rule, node.lineno, column, message, suggestion, scope, code)
+        self.result.findings.append(finding)
+        self._sites.append((finding, node))
 
     def _source(self, node: ast.AST) -> str:
         """``node``'s source without whitespace (a fingerprint input)."""

@@ -19,6 +19,7 @@ from vllm_omni.errors import (
     VLLMValidationError,
 )
 from vllm_omni.errors.fastapi import request_id_of
+from vllm_omni.errors.text import make_safe
 
 if TYPE_CHECKING:
     from vllm_omni.entrypoints.async_omni import AsyncOmni
@@ -34,6 +35,7 @@ __all__ = [
     "limits_of",
     "request_id_of",
     "require_modality",
+    "unknown_model",
 ]
 
 
@@ -60,13 +62,18 @@ def require_modality(engine: AsyncOmni, modality: str) -> None:
         )
 
 
+def unknown_model(model: str) -> VLLMNotFoundError:
+    """The 404 on ``model`` for a model name this server does not serve (as
+    vLLM answers), the name made safe to show (``vllm_omni.errors.text``)."""
+    error = VLLMNotFoundError(f"The model `{make_safe(model)}` does not exist.")
+    error.parameter = "model"  # type: ignore[attr-defined]
+    return error
+
+
 def check_model(engine: AsyncOmni, model: str | None) -> None:
-    """404 on ``model`` for a model name this server does not serve (as vLLM
-    answers)."""
+    """404 on ``model`` for a model name this server does not serve."""
     if model is not None and model != engine.model_name:
-        error = VLLMNotFoundError(f"The model `{model}` does not exist.")
-        error.parameter = "model"  # type: ignore[attr-defined]
-        raise error
+        raise unknown_model(model)
 
 
 def limits_of(conn: HTTPConnection) -> RequestLimits:

@@ -33,9 +33,13 @@ Errors (DESIGN §4, WebSocket):
   key (the router's ``require_api_key`` dependency), 503 for a pipeline
   without a text stage, the dead error when the engine is dead;
 - a malformed client event (not JSON, not an object, unknown ``type``,
-  missing or mistyped fields, instructions over ``--max-prompt-chars``) gets
-  one error event, 400 ``BadRequestError``
-  with ``param``, carrying the event's ``event_id``; the session goes on;
+  missing or mistyped fields, instructions over ``--max-prompt-chars``, any
+  string or field name that is not Unicode) gets one error event, 400
+  ``BadRequestError`` with ``param``, carrying the event's ``event_id``; the
+  session goes on;
+- an event over ``--max-ws-message-bytes`` gets one error event, 413
+  ``RequestTooLargeError``, and the session closes with 1009 (the error
+  boundary enforces it, before this module reads the frame);
 - a failed response (a stage raised, the engine died, the guardrail refused,
   a stage rejected a parameter) sends one error event, carrying the
   ``event_id`` of its ``response.create``, then closes with 1008 (client
@@ -68,9 +72,11 @@ from vllm_omni.entrypoints.openai.routes.common import (
     request_id_of,
     require_modality,
 )
+from vllm_omni.entrypoints.openai.unicode import non_unicode_error
 from vllm_omni.errors import VLLMValidationError, sanitize_request_id
 from vllm_omni.errors.fastapi import stream_error_details
 from vllm_omni.errors.render import ws_close_code, ws_error_event
+from vllm_omni.errors.text import non_unicode_field
 
 if TYPE_CHECKING:
     from vllm_omni.entrypoints.async_omni import AsyncOmni
@@ -232,6 +238,9 @@ class _Session:
         try:
             event = _decode(frame)
             event_id = _event_id(event)
+            found = non_unicode_field(event)
+            if found is not None:
+                raise non_unicode_error(found, "event")
             request = _response_create(event, event_id)
             check_prompt(self._ws, request.instructions, "response.instructions")
             stages = [self._engine.stage_for(m) for m in request.modalities]

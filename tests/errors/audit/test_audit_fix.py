@@ -1,0 +1,658 @@
+"""``--fix``: the rewrites that need no judgement, applied in place.
+
+Each case is a file before and after, through the command as users run it;
+what is left is listed on stderr with its reason, and a second run changes
+nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from textwrap import dedent
+
+import pytest
+
+from vllm_omni.errors.audit import cli, rewrite
+from vllm_omni.errors.audit.rewrite import http_exception_catchers
+
+from .conftest import REPO
+
+Case = tuple[str, str, str | None, list[tuple[str, str]]]
+TO_CALLER = (
+    "the error model goes to a caller that sets the status from it; "
+    "raising instead changes what that caller catches"
+)
+
+KEYWORD_FORM: Case = (
+    "api/jobs.py",
+    '''\
+    """Jobs."""
+
+    from http import HTTPStatus
+
+    from fastapi import APIRouter, HTTPException
+
+    from vllm_omni.errors import OmniClientError
+
+    router = APIRouter()
+
+
+    @router.get("/jobs/{job_id}")
+    async def get_job(job_id: str) -> dict:
+        if job_id not in JOBS:
+            raise HTTPException(
+                status_code=HTTPStatus.NOT_FOUND.value,  # jobs expire after a day
+                detail=f"job {job_id} not found",
+            )
+        if JOBS[job_id].running:
+            raise HTTPException(409, "job is running") from None
+        return JOBS[job_id]
+
+
+    def check(job: dict) -> None:
+        if not job:
+            raise OmniClientError("empty job", status_code=400)
+    ''',
+    '''\
+    """Jobs."""
+
+    from fastapi import APIRouter
+
+    from vllm_omni.errors import OmniClientError, OmniConflictError, VLLMNotFoundError
+
+    router = APIRouter()
+
+
+    @router.get("/jobs/{job_id}")
+    async def get_job(job_id: str) -> dict:
+        if job_id not in JOBS:
+            raise VLLMNotFoundError(  # jobs expire after a day
+                f"job {job_id} not found",
+            )
+        if JOBS[job_id].running:
+            raise OmniConflictError("job is running") from None
+        return JOBS[job_id]
+
+
+    def check(job: dict) -> None:
+        if not job:
+            raise OmniClientError("empty job", status_code=400)
+    ''',
+    [],
+)
+
+STATUS_NAMES: Case = (
+    "api/lookup.py",
+    """\
+    from fastapi import HTTPException, status
+
+
+    def find(name: str) -> None:
+        if name == "old":
+            raise HTTPException(status.HTTP_404_NOT_FOUND)
+        raise HTTPException(status_code=502, detail="upstream failed")
+    """,
+    """\
+    from vllm_omni.errors import VLLMNotFoundError, VLLMServerError
+
+
+    def find(name: str) -> None:
+        if name == "old":
+            raise VLLMNotFoundError("Not Found")
+        raise VLLMServerError("upstream failed")
+    """,
+    [],
+)
+
+LEFT: Case = (
+    "api/guard.py",
+    """\
+    from fastapi import HTTPException
+
+
+    def guard(size: int, code: int) -> None:
+        if size > 4096:
+            raise HTTPException(status_code=413, detail="too large")
+        if code:
+            raise HTTPException(status_code=code, detail="upstream")
+        if size < 0:
+            raise HTTPException(400, "negative", headers={"X-Reason": "size"})
+        if size == 1:
+            raise HTTPException(422, detail={"field": "size"})
+        error = HTTPException(400, "kept for later")
+        raise error
+    """,
+    None,
+    [
+        ("OMNI005", "no semantic type has status 413"),
+        ("OMNI005", "its status is not a literal"),
+        ("OMNI005", "headers= has no equivalent on a semantic exception"),
+        ("OMNI005", "its detail is structured data, not a message"),
+        ("OMNI005", "HTTPException(...) is built, not raised, here"),
+    ],
+)
+
+CAUGHT: Case = (
+    "web/images.py",
+    """\
+    from fastapi import APIRouter, HTTPException
+
+    router = APIRouter()
+
+
+    @router.post("/v1/images/generations")
+    async def generate(request: ImageRequest) -> bytes:
+        try:
+            if request.n > 4:
+                raise HTTPException(400, "n must be at most 4")
+            return await engine.generate(request)
+        except HTTPException:
+            raise
+        except Exception as exc:
+            raise HTTPException(status_code=500, detail=str(exc)) from exc
+    """,
+    """\
+    from fastapi import APIRouter, HTTPException
+    from vllm_omni.errors import VLLMServerError
+
+    router = APIRouter()
+
+
+    @router.post("/v1/images/generations")
+    async def generate(request: ImageRequest) -> bytes:
+        try:
+            if request.n > 4:
+                raise HTTPException(400, "n must be at most 4")
+            return await engine.generate(request)
+        except HTTPException:
+            raise
+        except Exception as exc:
+            raise VLLMServerError(str(exc)) from exc
+    """,
+    [
+        (
+            "OMNI005",
+            "its try's except HTTPException catches one of HTTPException and "
+            "VLLMValidationError, not both",
+        )
+    ],
+)
+
+RESPONSES: Case = (
+    "api/speech.py",
+    """\
+    from fastapi import APIRouter
+    from fastapi.responses import JSONResponse
+
+    router = APIRouter()
+
+
+    @router.post("/v1/speech")
+    async def speech(request: SpeechRequest):
+        if request.voice is None:
+            return JSONResponse({"error": "no voice", "code": 400})
+        if request.speed > 4:
+            return JSONResponse(
+                content={"error": {"message": "too fast", "code": 422}},
+            )
+        return await svc.create_speech(request)
+
+
+    @router.get("/v1/voices/{name}")
+    async def voice(name: str):
+        return create_error_response("gone", status_code=404)
+
+
+    class Serving:
+        def create_speech(self, request):
+            if request.input == "":
+                return self.create_error_response("input is empty")
+            return ErrorResponse(error=ErrorInfo(message="no", code=self.code))
+    """,
+    """\
+    from fastapi import APIRouter
+    from fastapi.responses import JSONResponse
+    from fastapi.encoders import jsonable_encoder
+
+    router = APIRouter()
+
+
+    @router.post("/v1/speech")
+    async def speech(request: SpeechRequest):
+        if request.voice is None:
+            return JSONResponse({"error": "no voice", "code": 400}, status_code=400)
+        if request.speed > 4:
+            return JSONResponse(
+                content={"error": {"message": "too fast", "code": 422}},
+                status_code=422,
+            )
+        return await svc.create_speech(request)
+
+
+    @router.get("/v1/voices/{name}")
+    async def voice(name: str):
+        return JSONResponse(
+            content=jsonable_encoder(create_error_response("gone", status_code=404)),
+            status_code=404,
+        )
+
+
+    class Serving:
+        def create_speech(self, request):
+            if request.input == "":
+                return self.create_error_response("input is empty")
+            return ErrorResponse(error=ErrorInfo(message="no", code=self.code))
+    """,
+    [
+        ("OMNI003", TO_CALLER),
+        ("OMNI003", "its error's code is not a literal status"),
+    ],
+)
+
+RANGES: Case = (
+    "engine/owner.py",
+    """\
+    from vllm_omni.errors import OmniErrorDetails, is_client_error_status, normalize
+
+
+    def owner(details: OmniErrorDetails) -> str:
+        if 400 <= details.status_code < 500:
+            return "client"
+        return "server"
+
+
+    def retry(exc: Exception) -> bool:
+        record = normalize(exc)
+        return record.status_code >= 500
+
+
+    def legacy(details: OmniErrorDetails) -> bool:
+        return not is_client_error_status(details.status_code)
+
+
+    def guess(status_code: int) -> bool:
+        return 400 <= status_code < 500
+
+
+    def error(details: OmniErrorDetails) -> bool:
+        return 400 <= details.status_code < 600
+    """,
+    """\
+    from vllm_omni.errors import OmniErrorDetails, normalize
+
+
+    def owner(details: OmniErrorDetails) -> str:
+        if details.category == "client":
+            return "client"
+        return "server"
+
+
+    def retry(exc: Exception) -> bool:
+        record = normalize(exc)
+        return record.category == "server"
+
+
+    def legacy(details: OmniErrorDetails) -> bool:
+        return not details.category == "client"
+
+
+    def guess(status_code: int) -> bool:
+        return 400 <= status_code < 500
+
+
+    def error(details: OmniErrorDetails) -> bool:
+        return 400 <= details.status_code < 600
+    """,
+    [
+        ("OMNI004", "the status does not come from an OmniErrorDetails record"),
+        ("OMNI004", "the guess does not split client from server"),
+    ],
+)
+
+CASES = [KEYWORD_FORM, STATUS_NAMES, LEFT, CAUGHT, RESPONSES, RANGES]
+
+
+def run(*args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    status = cli.main([*args, "--no-cache"])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def write(root: Path, case: Case) -> Path:
+    path = root / case[0]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(dedent(case[1]))
+    return path
+
+
+def left(err: str) -> list[tuple[str, str]]:
+    """(rule, reason) of every ``not fixed:`` line."""
+    rows = [line for line in err.splitlines() if line.startswith("not fixed: ")]
+    return [(row.split(" ")[3].rstrip(":"), row.split(": ", 2)[2]) for row in rows]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case[0] for case in CASES])
+def test_fix(
+    case: Case,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    path = write(tmp_path, case)
+    before = path.read_bytes()
+    folder = case[0].split("/")[0]
+    status, _, err = run(folder, "--fix", "--jobs", "1", capsys=capsys)
+    expected = before.decode() if case[2] is None else dedent(case[2])
+    assert path.read_text() == expected
+    assert status == (1 if case[3] else 0), err
+    assert left(err) == case[3]
+    # A second run changes nothing.
+    rerun, _, again = run(folder, "--fix", capsys=capsys)
+    assert path.read_text() == expected
+    assert "fixed 0 sites in 0 files" in again
+    assert rerun == status
+
+
+def test_the_whole_set_at_once_with_two_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The process pool (several files) gives the files of the one-by-one
+    runs, and one summary."""
+    monkeypatch.chdir(tmp_path)
+    for case in CASES:
+        write(tmp_path, case)
+    status, out, err = run(
+        "api",
+        "engine",
+        "web",
+        "--fix",
+        "--jobs",
+        "2",
+        "--format",
+        "json",
+        capsys=capsys,
+    )
+    for name, before, after, _ in CASES:
+        expected = dedent(before if after is None else after)
+        assert (tmp_path / name).read_text() == expected
+    assert status == 1
+    assert err.splitlines()[0] == (
+        "vllm-omni errors audit: fixed 11 sites in 5 files; "
+        f"{len(json.loads(out)['findings'])} findings remain; 10 left for a person"
+    )
+    assert sorted(left(err)) == sorted(row for case in CASES for row in case[3])
+
+
+HELPER = """\
+from fastapi import HTTPException
+
+
+def parse_lora(lora: dict | None) -> dict:
+    if lora is None:
+        raise HTTPException(400, "lora is required")
+    return lora
+"""
+ROUTES = """\
+from fastapi import APIRouter, HTTPException
+
+from svc.api.helpers import parse_lora
+
+router = APIRouter()
+
+
+@router.post("/v1/images/generations")
+async def images(request: ImageRequest) -> dict:
+    try:
+        return await generate(parse_lora(request.lora))
+    except HTTPException:
+        raise
+    except Exception as exc:
+        raise HTTPException(500, str(exc)) from exc
+"""
+
+
+# The same route with its except clause written otherwise: across lines,
+# and under an imported alias.
+ROUTE_FORMS = {
+    "one line": (ROUTES, "except HTTPException"),
+    "across lines": (
+        ROUTES.replace(
+            "    except HTTPException:\n",
+            "    except (\n        OSError,\n        HTTPException,\n    ):\n",
+        ),
+        "except HTTPException, OSError",
+    ),
+    "aliased": (
+        ROUTES.replace(
+            "from fastapi import APIRouter, HTTPException\n",
+            "from fastapi import APIRouter, HTTPException\n"
+            "from starlette.exceptions import HTTPException as StarletteError\n",
+        ).replace("    except HTTPException:\n", "    except StarletteError:\n"),
+        "except HTTPException",
+    ),
+}
+
+
+@pytest.mark.parametrize("lexer", ["C lexer", "pure Python"])
+def test_the_package_s_except_clauses_are_found_however_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lexer: str
+) -> None:
+    if lexer == "pure Python":
+        monkeypatch.setattr(rewrite, "_lexer", None)
+    api = tmp_path / "svc" / "api"
+    api.mkdir(parents=True)
+    for folder in (api.parent, api):
+        (folder / "__init__.py").write_text("")
+    (api / "helpers.py").write_text(HELPER)
+    for form, (routes, clause) in ROUTE_FORMS.items():
+        (api / "routes.py").write_text(routes)
+        found = http_exception_catchers([api / "helpers.py"])
+        assert found == {
+            api.parent.resolve(): (f"{api / 'routes.py'} (images: {clause})",)
+        }, form
+
+
+def test_a_helper_is_left_while_its_package_tells_the_types_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A helper's HTTPException(400) may be raised inside a route's ``except
+    HTTPException: raise`` / ``except Exception`` (a 500): as
+    VLLMValidationError it would become a 500. The whole package is looked
+    at, though only the helper is given; once the route lets the semantic
+    types through as well, the helper is fixed."""
+    monkeypatch.chdir(tmp_path)
+    api = tmp_path / "svc" / "api"
+    api.mkdir(parents=True)
+    for folder in (api.parent, api):
+        (folder / "__init__.py").write_text("")
+    (api / "helpers.py").write_text(HELPER)
+    (api / "routes.py").write_text(ROUTES)
+    status, _, err = run("svc/api/helpers.py", "--fix", capsys=capsys)
+    assert status == 1
+    assert (api / "helpers.py").read_text() == HELPER
+    assert left(err) == [
+        (
+            "OMNI005",
+            "raised outside a route, and svc/api/routes.py (images: except "
+            "HTTPException) tell HTTPException from the semantic types: a caller "
+            "may reach them; migrate those except clauses first",
+        )
+    ]
+    (api / "routes.py").write_text(
+        ROUTES.replace("except HTTPException:", "except (HTTPException, VLLMError):")
+    )
+    status, _, err = run("svc/api/helpers.py", "--fix", capsys=capsys)
+    assert status == 0
+    assert 'VLLMValidationError("lora is required")' in (api / "helpers.py").read_text()
+
+
+def test_an_allowlisted_site_and_the_errors_package_are_never_rewritten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    source = "from fastapi import HTTPException\n\nraise HTTPException(404, 'x')\n"
+    for name in ("api/routes.py", "vllm_omni/errors/render.py"):
+        (tmp_path / name).parent.mkdir(parents=True)
+        (tmp_path / name).write_text(source)
+    allow = tmp_path / "allow.toml"
+    allow.write_text(
+        '[[allow]]\nrule = "OMNI005"\npath = "api/*"\nreason = "vendored"\n'
+    )
+    status, _, err = run(
+        "api", "vllm_omni", "--fix", "--allowlist", str(allow), capsys=capsys
+    )
+    assert status == 0
+    assert "fixed 0 sites in 0 files; 0 findings remain" in err
+    for name in ("api/routes.py", "vllm_omni/errors/render.py"):
+        assert (tmp_path / name).read_text() == source
+
+
+def test_a_file_that_does_not_parse_is_never_touched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The skeleton audits a file with a syntax error in a statement no rule
+    needs (DESIGN §8's documented trade); --fix parses the whole file and
+    leaves it, byte for byte."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "api").mkdir()
+    path = tmp_path / "api" / "broken.py"
+    path.write_text(
+        "from fastapi import HTTPException\n\n\ndef cold():\n    x = = 1\n\n\n"
+        "def hot():\n    raise HTTPException(404, 'x')\n"
+    )
+    before = path.read_bytes()
+    status, _, err = run("api", "--fix", capsys=capsys)
+    assert path.read_bytes() == before
+    assert status == 1
+    assert left(err) == [
+        ("OMNI005", "the file does not parse as a whole, so it is never rewritten")
+    ]
+
+
+def test_encoding_line_breaks_and_other_bytes_are_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "api").mkdir()
+    path = tmp_path / "api" / "latin.py"
+    path.write_bytes(
+        b"# -*- coding: latin-1 -*-\r\n"
+        b"from fastapi import HTTPException\r\n"
+        b"\r\n"
+        b"# caf\xe9\r\n"
+        b"def f():\r\n"
+        b'    raise HTTPException(status_code=404, detail="caf\xe9")  # \xe9\r\n'
+    )
+    path.chmod(0o640)
+    status, _, _ = run("api", "--fix", capsys=capsys)
+    assert status == 0
+    assert path.read_bytes() == (
+        b"# -*- coding: latin-1 -*-\r\n"
+        b"from vllm_omni.errors import VLLMNotFoundError\r\n"
+        b"\r\n"
+        b"# caf\xe9\r\n"
+        b"def f():\r\n"
+        b'    raise VLLMNotFoundError("caf\xe9")  # \xe9\r\n'
+    )
+    assert path.stat().st_mode & 0o777 == 0o640
+
+
+def test_the_baseline_tightens_after_a_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, KEYWORD_FORM)
+    write(tmp_path, LEFT)
+    baseline = tmp_path / "baseline.json"
+    assert (
+        run("api", "--baseline", str(baseline), "--update-baseline", capsys=capsys)[0]
+        == 0
+    )
+    sites = json.loads(baseline.read_text())["sites"]
+    assert len(sites) == 2 + 5
+    status, _, err = run("api", "--fix", "--baseline", str(baseline), capsys=capsys)
+    assert status == 0
+    assert err.count("tightenable: jobs.py") == 2
+    assert "run with --update-baseline" in err
+    status, _, err = run(
+        "api", "--baseline", str(baseline), "--update-baseline", capsys=capsys
+    )
+    assert status == 0
+    after = json.loads(baseline.read_text())["sites"]
+    assert {s["path"] for s in after} == {"guard.py"}
+    assert len(after) == 5
+
+
+def test_fix_and_update_baseline_in_one_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, STATUS_NAMES)
+    write(tmp_path, LEFT)
+    baseline = tmp_path / "baseline.json"
+    run("api", "--baseline", str(baseline), "--update-baseline", capsys=capsys)
+    status, _, err = run(
+        "api", "--fix", "--baseline", str(baseline), "--update-baseline", capsys=capsys
+    )
+    assert status == 0
+    assert f"baseline {baseline} updated" in err
+    assert len(json.loads(baseline.read_text())["sites"]) == 5
+
+
+def test_a_plain_audit_does_not_load_the_rewriter(tmp_path: Path) -> None:
+    """LibCST and the rewrite modules load for --fix/--suggest only, so the
+    audit's start-up stays what it was."""
+    (tmp_path / "mod.py").write_text("raise ValueError('x')\n")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-X",
+            "importtime",
+            "-m",
+            "vllm_omni.errors.audit",
+            str(tmp_path),
+            "--no-cache",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()}
+    assert done.returncode == 1
+    assert "vllm_omni.errors.audit.scanner" in imported
+    assert not {m for m in imported if m.split(".")[0] == "libcst"}
+    assert imported.isdisjoint(
+        {
+            "vllm_omni.errors.audit.rewrite",
+            "vllm_omni.errors.audit.codemod",
+            "vllm_omni.errors.audit.migrate",
+        }
+    )
+
+
+def test_fix_and_suggest_import_no_vllm_torch_or_fastapi(tmp_path: Path) -> None:
+    """DESIGN §8 holds for the rewrites too: LibCST, never the audited
+    tree's frameworks."""
+    write(tmp_path, KEYWORD_FORM)
+    probe = (
+        "import sys\n"
+        "from vllm_omni.errors.audit import cli\n"
+        "fixed = cli.main(['api', '--fix', '--no-cache', '--jobs', '1'])\n"
+        "suggested = cli.main(['api', '--suggest', '--no-cache', '--jobs', '1'])\n"
+        "heavy = {m.split('.')[0] for m in sys.modules}\n"
+        "heavy &= {'vllm', 'torch', 'fastapi', 'starlette', 'pydantic', 'numpy'}\n"
+        "print(fixed, suggested, 'libcst' in sys.modules, sorted(heavy))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-P", "-c", probe],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.stdout.splitlines()[-1] == "0 0 True []", done.stderr

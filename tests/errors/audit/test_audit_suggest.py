@@ -1,0 +1,231 @@
+"""``--suggest``: the rewrites that need a person, as a patch or SARIF fixes.
+
+The patch is applied with ``git apply`` as a contributor would, and the
+tree audited again: exactly the suggested sites are gone. Each SARIF fix is
+applied on its own from its regions and must do the same for its site.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from textwrap import dedent
+
+import jsonschema
+import pytest
+
+from vllm_omni.errors.audit import cli
+
+from .conftest import FIXTURES, SARIF_SCHEMA
+
+SUGGEST = FIXTURES / "suggest"
+PATCH = (SUGGEST / "suggest.patch").read_text()
+NOT_SUGGESTED = [
+    (
+        "app/serving.py:26:13 OMNI001",
+        "not at a request boundary: an internal check stays a server error "
+        "(RuntimeError), which a person decides",
+    ),
+    (
+        "app/serving.py:32:13 OMNI001",
+        "a client error raised in except Exception would make that broad except "
+        "an OMNI002 finding",
+    ),
+    (
+        "app/serving.py:37:17 OMNI001",
+        "its try's except ValueError catches one of ValueError and "
+        "VLLMValidationError, not both",
+    ),
+    (
+        "app/serving.py:44:9 OMNI002",
+        "its try body raises nothing itself: what it catches comes from calls, "
+        "which a person checks",
+    ),
+]
+
+
+@pytest.fixture
+def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    shutil.copytree(SUGGEST / "app", tmp_path / "app")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    status = cli.main([*args, "--no-cache", "--jobs", "1"])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def fingerprints(capsys: pytest.CaptureFixture[str], *paths: str) -> dict[str, str]:
+    status, out, _ = run(capsys, *paths, "--format", "json")
+    assert status in (0, 1)
+    return {f["fingerprint"]: f["message"] for f in json.loads(out)["findings"]}
+
+
+def git_apply(root: Path, patch: str, *options: str) -> None:
+    (root / "audit.patch").write_text(patch)
+    subprocess.run(
+        ["git", "apply", *options, "audit.patch"],
+        cwd=root,
+        check=True,
+        capture_output=True,
+    )
+
+
+def test_the_patch(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    before = fingerprints(capsys, "app")
+    status, patch, err = run(capsys, "app", "--suggest")
+    assert status == 1
+    assert patch == PATCH
+    lines = err.splitlines()
+    assert lines[0] == (
+        "vllm-omni errors audit: suggested 7 sites in 2 files; 4 left for a person"
+    )
+    assert [
+        tuple(line[len("not suggested: ") :].split(": ", 1)) for line in lines[1:]
+    ] == (NOT_SUGGESTED)
+    # Nothing was written.
+    assert (tree / "app" / "serving.py").read_bytes() == (
+        SUGGEST / "app" / "serving.py"
+    ).read_bytes()
+    git_apply(tree, patch, "--check")
+    git_apply(tree, patch)
+    after = fingerprints(capsys, "app")
+    assert set(after) < set(before)
+    assert len(before) - len(after) == 7
+    assert not {m for m in after.values() if "top_k" in m or "'speed'" in m}
+
+
+def test_it_limits_itself_to_the_paths_given(
+    tree: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A PR migrates one file: the model's file is read for its fields, and
+    left alone."""
+    status, patch, _ = run(capsys, "app/serving.py", "--suggest")
+    assert status == 1
+    assert patch.startswith("--- a/app/serving.py\n")
+    assert "speech.py" not in patch
+    assert 'parameter="top_k"' in patch
+    git_apply(tree, patch, "--check")
+
+
+def test_nothing_to_suggest_is_an_empty_patch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "clean.py").write_text("def f():\n    raise RuntimeError('x')\n")
+    assert run(capsys, "clean.py", "--suggest") == (
+        0,
+        "",
+        "vllm-omni errors audit: suggested 0 sites in 0 files; 0 left for a person\n",
+    )
+
+
+@pytest.mark.parametrize("form", ["json", "markdown"])
+def test_suggest_writes_a_patch_or_sarif_only(
+    tree: Path, capsys: pytest.CaptureFixture[str], form: str
+) -> None:
+    status, _, err = run(capsys, "app", "--suggest", "--format", form)
+    assert status == 2
+    assert "--suggest writes a patch" in err
+
+
+def _apply_replacements(text: str, replacements: list[dict[str, object]]) -> str:
+    """SARIF regions (1-based lines, UTF-16 columns, end exclusive) applied."""
+    lines = text.splitlines(keepends=True)
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line))
+
+    def offset(line: int, column: int) -> int:
+        row = lines[line - 1] if line <= len(lines) else ""
+        units = row.encode("utf-16-le")[: (column - 1) * 2].decode("utf-16-le")
+        return starts[line - 1] + len(units)
+
+    edits = []
+    for replacement in replacements:
+        region = replacement["deletedRegion"]
+        assert isinstance(region, dict)
+        start = offset(region["startLine"], region["startColumn"])
+        end = offset(region["endLine"], region["endColumn"])
+        content = replacement["insertedContent"]
+        assert isinstance(content, dict)
+        edits.append((start, end, content["text"]))
+    for start, end, new in sorted(edits, reverse=True):
+        text = text[:start] + new + text[end:]
+    return text
+
+
+def test_sarif_fixes(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every rewrite (mechanical ones too) as its result's SARIF fix, valid
+    against the schema; each applied alone removes its site and no other,
+    and the file still compiles."""
+    routes = tree / "app" / "routes.py"
+    routes.write_text(
+        dedent(
+            """\
+            from fastapi import HTTPException
+
+
+            def get(job_id: str) -> None:
+                raise HTTPException(404, f"job {job_id} not found")
+            """
+        )
+    )
+    before = fingerprints(capsys, "app")
+    status, out, err = run(capsys, "app", "--suggest", "--format", "sarif")
+    assert status == 1
+    assert err.startswith("vllm-omni errors audit: offered 8 sites; 6 left")
+    log = json.loads(out)
+    jsonschema.validate(log, json.loads(SARIF_SCHEMA.read_text()))
+    fixed = [r for r in log["runs"][0]["results"] if "fixes" in r]
+    assert len(fixed) == 8
+    kinds = sorted(
+        r["fixes"][0]["description"]["text"].rsplit("[", 1)[1] for r in fixed
+    )
+    assert kinds == ["safe fix (--fix applies it)]"] + ["suggestion]"] * 7
+    originals = {p: p.read_text() for p in (tree / "app").rglob("*.py")}
+    for result in fixed:
+        (change,) = result["fixes"][0]["artifactChanges"]
+        path = tree / "app" / change["artifactLocation"]["uri"]
+        path.write_text(_apply_replacements(originals[path], change["replacements"]))
+        compile(path.read_text(), str(path), "exec")
+        after = fingerprints(capsys, "app")
+        assert set(before) - set(after) == {
+            result["partialFingerprints"]["omniSite/v1"]
+        }
+        assert set(after) <= set(before)
+        path.write_text(originals[path])
+
+
+def test_raises_outside_any_request_are_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Module level, a plain function, a class that is no request model."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tool.py").write_text(
+        dedent(
+            """\
+            if DEBUG:
+                raise ValueError("debug needs a log file")
+
+
+            def load(path: str) -> bytes:
+                raise NotImplementedError("remote paths")
+
+
+            class Loader:
+                def load(self, request: dict) -> None:
+                    raise TypeError("not a request model")
+            """
+        )
+    )
+    status, patch, err = run(capsys, "tool.py", "--suggest")
+    assert (status, patch) == (1, "")
+    reason = "not at a request boundary"
+    assert [line.split(": ", 2)[2].split(":")[0] for line in err.splitlines()[1:]] == [
+        reason
+    ] * 3

@@ -1,0 +1,339 @@
+"""The migration assistant: ``--fix`` and ``--suggest`` over an audited tree.
+
+Owns the run: which files have findings to rewrite (reported ones only, so
+an allowlisted site is never touched, and only below the paths given), the
+plan of each (``rewrite``), performing it (``codemod``), and the checks a
+rewritten file passes before anything is written or offered: it compiles,
+and audited again, exactly the rewritten findings are gone and no finding
+is new. A set of rewrites that fails the checks is retried one rewrite at a
+time; a rewrite that fails alone is left, with the reason. ``--fix`` writes
+the files in place (atomically, through the link of a linked file);
+``--suggest`` writes nothing and returns a unified diff (``git apply``
+reads it), or, for SARIF, each finding's rewrite as an offer.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import stat
+import tempfile
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vllm_omni.errors.audit import codemod, rules
+from vllm_omni.errors.audit.cache import ScanCache
+from vllm_omni.errors.audit.rewrite import (
+    KIND_RULES,
+    FilePlan,
+    Kind,
+    ModelIndex,
+    Rewrite,
+    Skip,
+    http_exception_catchers,
+    package_root,
+    plan_file,
+)
+from vllm_omni.errors.audit.runner import (
+    Offer,
+    Report,
+    ReportedFinding,
+    Scanned,
+    SourceFile,
+    _digest,
+    file_findings,
+)
+from vllm_omni.errors.audit.scanner import FileResult, scan
+from vllm_omni.errors.audit.usage import AuditUsageError
+
+_LINES = re.compile(rb"(?<=\n)")
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """A finding rewritten (``--fix``) or offered (``--suggest``)."""
+
+    finding: ReportedFinding
+    description: str
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What a run rewrote (or offered), what it left, and why."""
+
+    done: list[Done] = field(default_factory=list)
+    skipped: list[Skip] = field(default_factory=list)
+    files: list[SourceFile] = field(default_factory=list)
+    patch: bytes = b""
+    offers: dict[str, Offer] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _FileOutcome:
+    """One file's part of an ``Outcome``; picklable (no syntax trees)."""
+
+    index: int
+    done: list[Done] = field(default_factory=list)
+    skipped: list[Skip] = field(default_factory=list)
+    # The rewritten file and its audit, when anything was rewritten.
+    data: bytes | None = None
+    result: FileResult | None = None
+    patch: bytes = b""
+    offers: dict[str, Offer] = field(default_factory=dict)
+
+
+def fix(
+    scanned: Scanned, report: Report, cache: ScanCache | None, *, jobs: int
+) -> Outcome:
+    """Apply the rewrites that need no judgement, in place; ``scanned``
+    then holds the rewritten files' results (rebuild the report from it)."""
+    outcome = Outcome()
+    for part in _each_file(scanned, report, frozenset({"fix"}), jobs, _fix_file):
+        _merge(outcome, part)
+        if part.data is None or part.result is None:
+            continue
+        source = scanned.files[part.index]
+        _write(source.path, part.data)
+        scanned.results[part.index] = part.result
+        outcome.files.append(source)
+        if cache is not None:
+            cache.put(_digest(part.data), part.result)
+    if cache is not None:
+        cache.save()
+    return outcome
+
+
+def suggest(scanned: Scanned, report: Report, *, offers: bool, jobs: int) -> Outcome:
+    """The rewrites that need a person, as a unified diff; with ``offers``,
+    instead every finding's rewrite (both kinds) as a SARIF offer."""
+    outcome = Outcome()
+    kinds: frozenset[Kind] = frozenset({"suggest", "fix"} if offers else {"suggest"})
+    task = _offer_file if offers else _suggest_file
+    patch: list[bytes] = []
+    for part in _each_file(scanned, report, kinds, jobs, task):
+        _merge(outcome, part)
+        outcome.offers.update(part.offers)
+        if part.patch:
+            patch.append(part.patch)
+            outcome.files.append(scanned.files[part.index])
+    outcome.patch = b"".join(patch)
+    return outcome
+
+
+def unified_diff(label: bytes, old: bytes, new: bytes) -> bytes:
+    """A ``git apply``-able unified diff of one file (``a/``, ``b/``
+    prefixes; a last line without a line break is marked as such)."""
+    lines = difflib.diff_bytes(
+        difflib.unified_diff,
+        [line for line in _LINES.split(old) if line],
+        [line for line in _LINES.split(new) if line],
+        fromfile=b"a/" + label,
+        tofile=b"b/" + label,
+    )
+    return b"".join(
+        line if line.endswith(b"\n") else line + b"\n\\ No newline at end of file\n"
+        for line in lines
+        if line
+    )
+
+
+_Task = Callable[[FilePlan, str], _FileOutcome]
+
+
+def _each_file(
+    scanned: Scanned,
+    report: Report,
+    kinds: frozenset[Kind],
+    jobs: int,
+    task: _Task,
+) -> list[_FileOutcome]:
+    """``task`` on the plan of every file with findings of the rules
+    ``kinds`` rewrite, in a process pool when there are several."""
+    wanted = frozenset().union(*(KIND_RULES[kind] for kind in kinds))
+    by_file: dict[str, list[ReportedFinding]] = defaultdict(list)
+    for finding in report.findings:
+        if finding.rule in wanted:
+            by_file[finding.relative].append(finding)
+    # Where HTTPException and the semantic types part ways in the packages
+    # of the files with one (not only the paths audited): it decides whether
+    # a helper's HTTPException may be rewritten at all.
+    raising = {f.relative for f in report.findings if f.rule == rules.HTTP_EXC}
+    catchers = (
+        http_exception_catchers(
+            [source.path for source in scanned.files if source.relative in raising]
+        )
+        if "fix" in kinds and raising
+        else {}
+    )
+    work = [
+        (
+            index,
+            source,
+            by_file[source.relative],
+            kinds,
+            task,
+            scanned.project,
+            catchers.get(package_root(source.path), ()) if catchers else (),
+        )
+        for index, source in enumerate(scanned.files)
+        if source.relative in by_file
+    ]
+    if jobs < 2 or len(work) < 2:
+        return [_plan_and_run(*item) for item in work]
+    with ProcessPoolExecutor(max_workers=min(jobs, len(work))) as pool:
+        # Largest files first: the pool's last task is then a short one.
+        work.sort(key=lambda item: -_size(item[1].path))
+        return list(pool.map(_plan_and_run, *zip(*work, strict=True)))
+
+
+def _plan_and_run(
+    index: int,
+    source: SourceFile,
+    findings: list[ReportedFinding],
+    kinds: frozenset[Kind],
+    task: _Task,
+    project: str,
+    catchers: tuple[str, ...],
+) -> _FileOutcome:
+    planned = plan_file(source, findings, kinds, ModelIndex(), catchers)
+    if isinstance(planned, list):
+        return _FileOutcome(index, skipped=planned)
+    part = task(planned, project)
+    part.index = index
+    part.skipped[:0] = planned.skipped
+    return part
+
+
+def _fix_file(plan: FilePlan, project: str) -> _FileOutcome:
+    part = _FileOutcome(0)
+    if plan.rewrites:
+        done, checked = _perform(plan, plan.rewrites, part)
+        if checked is not None:
+            part.done = done
+            part.data, part.result = checked
+    return part
+
+
+def _suggest_file(plan: FilePlan, project: str) -> _FileOutcome:
+    part = _fix_file(plan, project)
+    if part.data is not None:
+        part.patch = unified_diff(_label(plan.source, project), plan.data, part.data)
+        part.data = part.result = None
+    return part
+
+
+def _offer_file(plan: FilePlan, project: str) -> _FileOutcome:
+    """Each rewrite alone, checked, as a SARIF offer (the imports it needs
+    included; none removed, since the other offers may still use them)."""
+    part = _FileOutcome(0)
+    for rewrite in plan.rewrites:
+        checked = _check(plan, [rewrite], unbind=False)
+        if isinstance(checked, str):
+            part.skipped.append(Skip(rewrite.finding, checked))
+            continue
+        changes = codemod.edits(plan, [rewrite], unbind=False)
+        part.offers[rewrite.finding.fingerprint] = Offer(
+            rewrite.description,
+            rewrite.kind == "fix",
+            codemod.replacements(plan, changes),
+        )
+        part.done.append(Done(rewrite.finding, rewrite.description))
+    return part
+
+
+def _merge(outcome: Outcome, part: _FileOutcome) -> None:
+    outcome.done += part.done
+    outcome.skipped += part.skipped
+
+
+def _perform(
+    plan: FilePlan, rewrites: Sequence[Rewrite], part: _FileOutcome
+) -> tuple[list[Done], tuple[bytes, FileResult] | None]:
+    """The rewrites that pass the checks and the file they make: all at
+    once, else those that pass alone, if they also pass together."""
+    checked = _check(plan, rewrites)
+    if isinstance(checked, str):
+        kept = []
+        for rewrite in rewrites:
+            alone = _check(plan, [rewrite])
+            if isinstance(alone, str):
+                part.skipped.append(Skip(rewrite.finding, alone))
+            else:
+                kept.append(rewrite)
+        checked = _check(plan, kept) if kept else "nothing left to rewrite"
+        if isinstance(checked, str):
+            part.skipped += [Skip(r.finding, checked) for r in kept]
+            return [], None
+        rewrites = kept
+    return [Done(r.finding, r.description) for r in rewrites], checked
+
+
+def _check(
+    plan: FilePlan, rewrites: Sequence[Rewrite], *, unbind: bool = True
+) -> tuple[bytes, FileResult] | str:
+    """The rewritten file and its audit, or why it fails the checks."""
+    try:
+        changes = codemod.edits(plan, rewrites, unbind=unbind)
+        data = codemod.apply(plan.text, changes).encode(plan.encoding)
+    except codemod.RewriteError as exc:
+        return str(exc)
+    except UnicodeEncodeError as exc:
+        return f"the rewrite cannot be written as {plan.encoding}: {exc.reason}"
+    try:
+        # Byte-compiling (no syntax tree objects) costs half a parse; the
+        # audit then reads the file's skeleton, as every audit does.
+        compile(data, str(plan.source.path), "exec", dont_inherit=True)
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        return f"the rewritten file does not compile: {exc}"
+    result = scan(data)
+    expected = plan.fingerprints - {r.finding.fingerprint for r in rewrites}
+    found = {f.fingerprint for _, f in file_findings(plan.source, result.findings)}
+    if found != expected:
+        return (
+            f"audited again, the rewritten file would have {len(found - expected)} "
+            f"new finding(s) and keep {len(expected - found)} it should not"
+            if found - expected
+            else "audited again, the rewritten file loses a finding it should keep"
+        )
+    return data, result
+
+
+def _label(source: SourceFile, project: str) -> bytes:
+    """The path a patch names: relative to the current directory, where
+    ``git apply`` runs, or else to the project root."""
+    path = os.path.abspath(source.path)
+    relative = os.path.relpath(path)
+    if relative.startswith(os.pardir):
+        relative = os.path.relpath(path, project)
+    return os.fsencode(relative).replace(os.sep.encode(), b"/")
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _write(path: Path, data: bytes) -> None:
+    """Replace the file's bytes atomically, keeping its mode; a symbolic
+    link stays a link (its target is rewritten)."""
+    target = os.path.realpath(path)
+    directory = os.path.dirname(target)
+    try:
+        mode = stat.S_IMODE(os.stat(target).st_mode)
+        handle, temporary = tempfile.mkstemp(dir=directory, suffix=".tmp")
+        try:
+            with os.fdopen(handle, "wb") as stream:
+                stream.write(data)
+            os.chmod(temporary, mode)
+            os.replace(temporary, target)
+        except BaseException:
+            os.unlink(temporary)
+            raise
+    except OSError as exc:
+        raise AuditUsageError(f"cannot write {path}: {exc.strerror}") from exc
