@@ -190,7 +190,7 @@ def test_reference_text_stage_domains(reference: dict[str, Any]) -> None:
     )
     assert chat["stop"]["anyOf"][0]["anyOf"][1]["maxItems"] == text.MAX_STOP
     assert chat["model"] == _nullable(
-        {"const": MODEL, "description": "the served model"}
+        {"type": "string", "const": MODEL, "description": "the served model"}
     )
 
 

@@ -286,7 +286,11 @@ class _Pipeline:
         return stage.kind if stage is not None else None
 
     def model_name(self, original: Schema, *, form: bool) -> Schema:
-        served = {"const": self.model, "description": "the served model"}
+        served = {
+            "type": "string",
+            "const": self.model,
+            "description": "the served model",
+        }
         return served if form else _like(original, served)
 
 
@@ -460,7 +464,7 @@ def _messages_text(pipeline: _Pipeline) -> Schema:
             "required": ["role", "content"],
             "additionalProperties": False,
             "properties": {
-                "role": {"enum": list(_roles())},
+                "role": {"type": "string", "enum": list(_roles())},
                 "content": {
                     "anyOf": [
                         text,
@@ -480,7 +484,7 @@ def _messages_vllm(doc: Schema, original: Schema) -> Schema:
     for component in schemas.values():
         role = component.get("properties", {}).get("role")
         if role == {"type": "string", "title": "Role"}:
-            component["properties"]["role"] = {"enum": list(_roles())}
+            component["properties"]["role"] = {"type": "string", "enum": list(_roles())}
     nonblank = {"type": "string", **NOT_BLANK}
     text_part = {
         "type": "object",
@@ -508,7 +512,9 @@ def _narrow_chat(doc: Schema, pipeline: _Pipeline) -> None:
     audio_options = {
         "type": "object",
         "properties": {
-            "voice": {"enum": sorted(VOICES)} if talker else {"type": "string"},
+            "voice": {"type": "string", "enum": sorted(VOICES)}
+            if talker
+            else {"type": "string"},
             "format": {"const": "wav"},
         },
     }
