@@ -221,3 +221,35 @@ def test_a_wrong_json_type_upstream_reads_raw_is_a_400(
     assert response.status_code == 400, response.text
     assert_canonical_error(400, response.json(), response.headers)
     assert response.json()["error"]["param"] == param
+
+
+_PART = b'--b\r\nContent-Disposition: form-data; name="prompt"\r\n\r\n'
+MALFORMED_FORMS: dict[str, tuple[bytes, str]] = {
+    "a part without a disposition": (
+        b"--b\r\nContent-Type: text/plain\r\n\r\nx\r\n--b--\r\n",
+        "multipart/form-data; boundary=b",
+    ),
+    "a part over the part limit": (
+        _PART + b"a" * (1024 * 1024 + 1) + b"\r\n--b--\r\n",
+        "multipart/form-data; boundary=b",
+    ),
+    "more fields than the form limit": (
+        b"&".join(b"f%d=1" % i for i in range(1200)),
+        "application/x-www-form-urlencoded",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED_FORMS))
+def test_a_malformed_video_form_is_a_400(omni_server: OmniServer, case: str) -> None:
+    """The Unicode check parses a form before the route does: a form that
+    cannot be parsed was a 500 (the route's parse met a consumed stream)."""
+    body, content_type = MALFORMED_FORMS[case]
+    response = httpx.post(
+        omni_server.base_url + "/v1/videos",
+        content=body,
+        headers={**omni_server.headers(), "content-type": content_type},
+        timeout=60,
+    )
+    assert response.status_code == 400, response.text
+    assert_canonical_error(400, response.json(), response.headers)
