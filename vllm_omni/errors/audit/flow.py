@@ -53,6 +53,7 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 from vllm_omni.errors.audit import rules
@@ -69,6 +70,7 @@ from vllm_omni.errors.audit.rewrite import (
 )
 from vllm_omni.errors.audit.runner import (
     ReportedFinding,
+    _gc_paused,
     _owned,
     _printable,
     _Unreadable,
@@ -123,12 +125,15 @@ class _Target:
     """A function being left: its name and kind, and what a reference must
     be to call it (a method is called through an attribute)."""
 
-    name: str
-    kind: str
+    function: ast.FunctionDef | ast.AsyncFunctionDef
     path: Path
     # The class it is a method of, and the module that defines it.
     owner: ast.ClassDef | None
     module: _Module
+
+    @property
+    def name(self) -> str:
+        return self.function.name
 
 
 def trace(
@@ -137,13 +142,16 @@ def trace(
     """By fingerprint, the way of each OMNI005 site (its finding and file)
     whose call ``--fix`` can rewrite; ``audited``: the files ``--fix`` may
     change (a clause to widen elsewhere blocks the site)."""
-    allowed = frozenset(path.resolve() for path in audited)
+    # Absolute, not resolved: resolving costs system calls per path part,
+    # and a tree reached through a link then only has fewer clauses widened.
+    allowed = frozenset(absolute(path) for path in audited)
     by_package: dict[Path, list[tuple[ReportedFinding, Path]]] = defaultdict(list)
     for finding, path in sites:
-        by_package[package_root(path)].append((finding, path.resolve()))
+        by_package[package_root(path)].append((finding, absolute(path)))
     ways: dict[str, Way] = {}
-    for root, group in sorted(by_package.items()):
-        ways.update(_Package(root, allowed).trace(group))
+    with _gc_paused():
+        for root, group in sorted(by_package.items()):
+            ways.update(_Package(root, allowed).trace(group))
     return ways
 
 
@@ -201,8 +209,6 @@ class _Module:
     bindings: dict[str, str]
     # The file imports FastAPI or Starlette: its decorated routes are routes.
     web: bool
-    # ``from x import *``: a bare name may be anything.
-    stars: bool
     # Module-level ``NAME = (A, B)``: what ``except NAME`` catches.
     tuples: dict[str, tuple[str, ...]]
 
@@ -220,6 +226,7 @@ class _Package:
         self._missing: set[str] = set()
         self._memo: dict[_Key, _Result] = {}
         self._active: set[_Key] = set()
+        self._lineages: dict[tuple[Path, str], frozenset[str] | None] = {}
 
     def trace(self, sites: list[tuple[ReportedFinding, Path]]) -> dict[str, Way]:
         """Follow every site, looking names up in rounds: each round
@@ -228,7 +235,7 @@ class _Package:
         ways: dict[str, Way] = {}
         open_sites = sites
         while open_sites:
-            self._memo.clear()
+            # Final ways stay valid: only the pending ones are followed again.
             self._missing.clear()
             still: list[tuple[ReportedFinding, Path]] = []
             for finding, path in open_sites:
@@ -275,8 +282,7 @@ class _Package:
             if isinstance(node, _FUNCTIONS):
                 owner = chain[index - 1][0] if index else None
                 target = _Target(
-                    node.name,
-                    _kind(node),
+                    node,
                     module.path,
                     owner if isinstance(owner, ast.ClassDef) else None,
                     module,
@@ -289,6 +295,10 @@ class _Package:
                 widen |= answer.widen
                 if answer.answered:
                     return _Result(widen=frozenset(widen))
+            if isinstance(node, ast.With | ast.AsyncWith) and held_in == "body":
+                swallowed = self._suppressed(module, chain[: index + 1], node, new)
+                if swallowed is not None:
+                    return swallowed
         # Raised while a module or a class body runs: at import, where no
         # request is answered.
         return _Result(widen=frozenset(widen))
@@ -329,6 +339,33 @@ class _Package:
                 )
             return _Answer(widen=widen, answered=not _reraises(handler))
         return _Answer()
+
+    def _suppressed(
+        self, module: _Module, chain: Chain, node: ast.With | ast.AsyncWith, new: str
+    ) -> _Result | None:
+        """``with suppress(...)`` around the exception: it swallows both
+        alike (answered), one only (blocked), or neither (None)."""
+        old, fresh = rules.ancestors(_OLD), rules.ancestors(new)
+        for item in node.items:
+            call = item.context_expr
+            if not (
+                isinstance(call, ast.Call) and _last(_dotted(call.func)) == "suppress"
+            ):
+                continue
+            handler = ast.ExceptHandler(type=ast.Tuple(elts=list(call.args)))
+            caught = self._caught(module, handler)
+            where = f"{self._clause(module, chain, handler)} (suppress)"
+            if isinstance(caught, str):
+                return _Result(f"its way meets {where}, {caught}")
+            assert caught is not None
+            if bool(caught & old) != bool(caught & fresh):
+                return _Result(
+                    f"its way meets {where}, which swallows one of {_OLD} and "
+                    f"{new} and not the other"
+                )
+            if caught & old:
+                return _Result()
+        return None
 
     def _widenable(self, module: _Module, handler: ast.ExceptHandler) -> str | None:
         if module.path not in self._audited:
@@ -435,6 +472,7 @@ class _Package:
                 f"{name} is named in {len(places)} places of its package, more "
                 f"than the {_MAX_REFERENCES} followed"
             )
+        kind = _kind(target.function)
         parts: list[_Result] = []
         for path, line in places:
             caller = self._module(path)
@@ -445,7 +483,9 @@ class _Package:
                 for node, parents in _references(chain[-1][0], name, line):
                     if self._may_call(caller, chain, node, target):
                         parts.append(
-                            self._reference(caller, chain, node, parents, target, new)
+                            self._reference(
+                                caller, chain, node, parents, target.name, kind, new
+                            )
                         )
         return _join(parts)
 
@@ -455,10 +495,10 @@ class _Package:
         chain: Chain,
         node: ast.expr,
         parents: list[ast.AST],
-        target: _Target,
+        name: str,
+        kind: str,
         new: str,
     ) -> _Result:
-        name, kind = target.name, target.kind
         where = f"{caller.shown}:{node.lineno}"
         parent = parents[-1] if parents else None
         if isinstance(parent, ast.Call) and node in parent.args:
@@ -511,10 +551,15 @@ class _Package:
         if isinstance(node, ast.Name):
             if target.owner is not None:
                 return False
-            if caller.path == target.path or caller.stars:
+            if caller.path == target.path:
                 return True
             origin = caller.bindings.get(node.id)
-            return origin is not None and not origin.startswith("<local>.")
+            if origin is not None:
+                return not origin.startswith("<local>.")
+            # Imported inside a function (or ``*``), or a name of its own
+            # there.
+            imported = _imported(caller.tree)
+            return node.id in imported or "*" in imported
         assert isinstance(node, ast.Attribute)
         receiver = node.value
         own = (isinstance(receiver, ast.Name) and receiver.id in ("self", "cls")) or (
@@ -541,6 +586,14 @@ class _Package:
         class of that name ``module`` defines or imports; None when they
         cannot all be read (a class outside the package has none inside
         it)."""
+        key = (module.path, name)
+        if key not in self._lineages:
+            self._lineages[key] = self._read_lineage(module, name, depth)
+        return self._lineages[key]
+
+    def _read_lineage(
+        self, module: _Module, name: str, depth: int
+    ) -> frozenset[str] | None:
         if depth > _MAX_LINEAGE:
             return None
         for stmt in module.tree.body:
@@ -582,7 +635,7 @@ class _Package:
             for name in chunk:
                 self._references[name] = []
             for path, text in data.items():
-                for name, lines in zip(chunk, _needle_lines(text, chunk), strict=True):
+                for name, lines in _needle_lines(text, chunk).items():
                     self._references[name] += [(path, line) for line in lines]
 
     def _files(self) -> dict[Path, bytes]:
@@ -622,11 +675,23 @@ def _parse(path: Path, data: bytes | None) -> _Module | None:
     web = any(
         origin.partition(".")[0] in rules.WEB_FRAMEWORKS for origin in bindings.values()
     )
-    stars = any(
-        isinstance(stmt, ast.ImportFrom) and any(a.name == "*" for a in stmt.names)
-        for stmt in ast.walk(tree)
+    return _Module(path, _shown(path), tree, bindings, web, tuples)
+
+
+@cache
+def _imported(tree: ast.Module) -> frozenset[str]:
+    """Every name an import anywhere in ``tree`` binds (``*`` for a star)."""
+    return frozenset(
+        alias.asname or alias.name.partition(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
     )
-    return _Module(path, _shown(path), tree, bindings, web, stars, tuples)
+
+
+def absolute(path: Path) -> Path:
+    """``path`` made absolute without touching the file system."""
+    return Path(os.path.abspath(path))
 
 
 def _shown(path: Path) -> str:
@@ -634,19 +699,23 @@ def _shown(path: Path) -> str:
     return _printable(str(path) if shown.startswith(os.pardir) else shown)
 
 
-def _needle_lines(data: bytes, names: Sequence[str]) -> list[list[int]]:
-    """For each of ``names``, the lines of ``data`` it occurs on."""
+def _needle_lines(data: bytes, names: Sequence[str]) -> dict[str, list[int]]:
+    """The lines of ``data`` each of ``names`` that occurs is on."""
     if _lexer is not None:
-        lines, _ = _lexer.needle_lines(data, tuple((name,) for name in names))
-        return list(lines)
-    found: list[list[int]] = [[] for _ in names]
-    index = {name.encode(): i for i, name in enumerate(names)}
-    pattern = re.compile(b"|".join(re.escape(n) for n in index))
+        # Most files name none: one group says which, then one per name.
+        _, present = _lexer.needle_lines(data, (tuple(names),))
+        if not present:
+            return {}
+        hits = sorted(present)
+        lines, _ = _lexer.needle_lines(data, tuple((name,) for name in hits))
+        return dict(zip(hits, lines, strict=True))
+    found: dict[str, list[int]] = {}
+    pattern = re.compile(b"|".join(re.escape(name.encode()) for name in names))
     line, position = 1, 0
     for match in pattern.finditer(data):
         line += data.count(b"\n", position, match.start())
         position = match.start()
-        rows = found[index[match.group()]]
+        rows = found.setdefault(match.group().decode(), [])
         if not rows or rows[-1] != line:
             rows.append(line)
     return found
@@ -666,7 +735,7 @@ def _module_file(here: Path, source: str, root: Path) -> Path | None:
     target = base.joinpath(*parts)
     for candidate in (target.with_suffix(".py"), target / "__init__.py"):
         if candidate.is_file():
-            return candidate.resolve()
+            return candidate
     return None
 
 
@@ -693,6 +762,7 @@ def _is_route(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     )
 
 
+@cache
 def _kind(function: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
     """``generator`` (sync or async), ``coroutine`` or ``function``."""
     stack: list[ast.AST] = list(function.body)

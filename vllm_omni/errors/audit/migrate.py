@@ -25,7 +25,8 @@ import stat
 import tempfile
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,7 +51,10 @@ from vllm_omni.errors.audit.runner import (
     Scanned,
     SourceFile,
     _digest,
+    _gc_paused,
+    _Unreadable,
     file_findings,
+    read_regular,
 )
 from vllm_omni.errors.audit.scanner import FileResult, scan
 from vllm_omni.errors.audit.usage import AuditUsageError
@@ -168,18 +172,33 @@ def _each_file(
     task: _Task,
 ) -> list[_FileOutcome]:
     """``task`` on the plan of every file with findings of the rules
-    ``kinds`` rewrite, in a process pool when there are several."""
+    ``kinds`` rewrite, in a process pool when there are several. With
+    ``--fix``, where each HTTPException goes is followed first (``flow``,
+    here, through its whole package: the verdict decides the site, and the
+    clauses to widen may be in other files); the files that cannot depend
+    on it are planned in the pool meanwhile."""
     wanted = frozenset().union(*(KIND_RULES[kind] for kind in kinds))
     by_file: dict[str, list[ReportedFinding]] = defaultdict(list)
     for finding in report.findings:
         if finding.rule in wanted:
             by_file[finding.relative].append(finding)
-    ways: dict[str, Way] | None = None
-    widen: dict[Path, list[Clause]] = defaultdict(list)
-    if "fix" in kinds:
-        # Where each HTTPException's exception goes, through its whole
-        # package (not only the paths audited): the verdict decides the
-        # site, and the clauses to widen may be in other files.
+    traced = "fix" in kinds and any(
+        f.rule == rules.HTTP_EXC for findings in by_file.values() for f in findings
+    )
+    early = [
+        (index, source)
+        for index, source in enumerate(scanned.files)
+        if source.relative in by_file
+        and not (traced and _may_need_trace(source, by_file[source.relative]))
+    ]
+    pooled = jobs >= 2 and len(by_file) >= 2
+    with ProcessPoolExecutor(max_workers=jobs) if pooled else nullcontext() as pool:
+        started = [
+            _start(pool, index, source, by_file[source.relative], kinds, task, scanned)
+            for index, source in _largest_first(early)
+        ]
+        if not traced:
+            return _in_order(started)
         paths = {source.relative: source.path for source in scanned.files}
         ways = flow.trace(
             [
@@ -190,30 +209,90 @@ def _each_file(
             ],
             [source.path for source in scanned.files if source.problem is None],
         )
+        widen: dict[Path, set[Clause]] = defaultdict(set)
         for way in ways.values():
             if way.blocked is None:
                 for clause in way.widen:
-                    widen[clause.path].append(clause)
-    work = [
-        (
-            index,
-            source,
-            by_file[source.relative],
-            kinds,
-            task,
-            scanned.project,
-            ways,
-            sorted(set(widen.get(source.path.resolve(), ()))),
-        )
-        for index, source in enumerate(scanned.files)
-        if source.relative in by_file or source.path.resolve() in widen
-    ]
-    if jobs < 2 or len(work) < 2:
-        return [_plan_and_run(*item) for item in work]
-    with ProcessPoolExecutor(max_workers=min(jobs, len(work))) as pool:
-        # Largest files first: the pool's last task is then a short one.
-        work.sort(key=lambda item: -_size(item[1].path))
-        return list(pool.map(_plan_and_run, *zip(*work, strict=True)))
+                    widen[clause.path].add(clause)
+        done = {index for index, _ in early}
+        late = [
+            (index, source)
+            for index, source in enumerate(scanned.files)
+            if index not in done
+            and (source.relative in by_file or flow.absolute(source.path) in widen)
+        ]
+        for index, source in _largest_first(late):
+            findings = by_file.get(source.relative, [])
+            started.append(
+                _start(
+                    pool,
+                    index,
+                    source,
+                    findings,
+                    kinds,
+                    task,
+                    scanned,
+                    {
+                        f.fingerprint: ways[f.fingerprint]
+                        for f in findings
+                        if f.fingerprint in ways
+                    },
+                    sorted(widen.get(flow.absolute(source.path), ())),
+                )
+            )
+        return _in_order(started)
+
+
+def _may_need_trace(source: SourceFile, findings: list[ReportedFinding]) -> bool:
+    """Whether ``flow``'s verdict may change this file's plan: it has an
+    HTTPException site, or names HTTPException (only such a file can hold
+    a clause to widen: an alias or a module-level tuple is written there)."""
+    if any(finding.rule == rules.HTTP_EXC for finding in findings):
+        return True
+    try:
+        return b"HTTPException" in read_regular(source.path)
+    except _Unreadable:
+        return True
+
+
+def _largest_first(
+    files: list[tuple[int, SourceFile]],
+) -> list[tuple[int, SourceFile]]:
+    # In a pool, the last task is then a short one.
+    return sorted(files, key=lambda item: -_size(item[1].path))
+
+
+def _start(
+    pool: ProcessPoolExecutor | None,
+    index: int,
+    source: SourceFile,
+    findings: list[ReportedFinding],
+    kinds: frozenset[Kind],
+    task: _Task,
+    scanned: Scanned,
+    ways: dict[str, Way] | None = None,
+    widen: list[Clause] | None = None,
+) -> Future[_FileOutcome] | _FileOutcome:
+    """One file's plan and task: submitted to ``pool``, or run here."""
+    arguments = (
+        index,
+        source,
+        findings,
+        kinds,
+        task,
+        scanned.project,
+        ways,
+        widen or [],
+    )
+    if pool is None:
+        return _plan_and_run(*arguments)
+    return pool.submit(_plan_and_run, *arguments)
+
+
+def _in_order(started: list[Future[_FileOutcome] | _FileOutcome]) -> list[_FileOutcome]:
+    """The outcomes in the files' order (the order the report lists)."""
+    parts = [part.result() if isinstance(part, Future) else part for part in started]
+    return sorted(parts, key=lambda part: part.index)
 
 
 def _plan_and_run(
@@ -226,12 +305,13 @@ def _plan_and_run(
     ways: dict[str, Way] | None,
     widen: list[Clause],
 ) -> _FileOutcome:
-    planned = plan_file(source, findings, kinds, ModelIndex(), ways, widen)
-    if isinstance(planned, list):
-        return _FileOutcome(
-            index, skipped=planned, unwidened=[clause.shown for clause in widen]
-        )
-    part = task(planned, project)
+    with _gc_paused():
+        planned = plan_file(source, findings, kinds, ModelIndex(), ways, widen)
+        if isinstance(planned, list):
+            return _FileOutcome(
+                index, skipped=planned, unwidened=[clause.shown for clause in widen]
+            )
+        part = task(planned, project)
     part.index = index
     part.skipped[:0] = planned.skipped
     return part

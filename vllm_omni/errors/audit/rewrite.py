@@ -1060,7 +1060,9 @@ def chains_at(tree: ast.Module, line: int) -> list[Chain]:
     while stack:
         body, chain = stack.pop()
         for stmt in body:
-            if not _start(stmt)[0] <= line <= (stmt.end_lineno or stmt.lineno):
+            if (stmt.end_lineno or stmt.lineno) < line or (
+                stmt.lineno > line and _start(stmt)[0] > line
+            ):
                 continue
             found.append([*chain, (stmt, "")])
             for name in _BLOCKS:
@@ -1076,7 +1078,7 @@ def chains_at(tree: ast.Module, line: int) -> list[Chain]:
 def package_root(path: Path) -> Path:
     """The outermost folder with an ``__init__.py`` above ``path`` (its own
     folder when that has none)."""
-    folder = path.resolve().parent
+    folder = Path(os.path.abspath(path)).parent
     while (folder.parent / "__init__.py").is_file():
         folder = folder.parent
     return folder
