@@ -33,6 +33,7 @@ def check(n: int) -> None:
 """
 HEAD = """\
 import asyncio
+from contextlib import suppress
 
 from fastapi import APIRouter, Depends, HTTPException
 from fastapi.responses import StreamingResponse
@@ -190,7 +191,7 @@ CASES: dict[str, tuple[str, str | None, int]] = {
         async def a(n: int) -> None:
             asyncio.get_running_loop().call_soon(check, n)
         """,
-        f"svc/api/{ROUTE}:13 refers to check without calling it (a callback, a "
+        f"svc/api/{ROUTE}:14 refers to check without calling it (a callback, a "
         "task): where its exception goes from there is not followed",
         0,
     ),
@@ -244,6 +245,40 @@ CASES: dict[str, tuple[str, str | None, int]] = {
         "rows",
         0,
     ),
+    "a suppress that swallows both alike": (
+        """\
+        @router.post("/a")
+        async def a(n: int) -> None:
+            with suppress(Exception):
+                check(n)
+        """,
+        None,
+        0,
+    ),
+    "a suppress that swallows HTTPException only": (
+        """\
+        @router.post("/a")
+        async def a(n: int) -> None:
+            with suppress(HTTPException):
+                check(n)
+        """,
+        "its way meets svc/api/routes.py (a: except HTTPException) (suppress), "
+        "which swallows one of HTTPException and VLLMValidationError and not the "
+        "other",
+        0,
+    ),
+    "an import under another name": (
+        """\
+        @router.post("/a")
+        async def a(n: int) -> None:
+            from svc.api.helpers import check as verify
+
+            verify(n)
+        """,
+        f"svc/api/{ROUTE}:14 imports check under another name: calls by that "
+        "name are not followed",
+        0,
+    ),
     "a method of the same name elsewhere does not count": (
         """\
         class Other:
@@ -280,9 +315,9 @@ def rows(n: int):
 """
 )
 LEFT_FOR = {
-    "slow": "svc/api/routes.py:13 calls slow without awaiting it: the coroutine "
+    "slow": "svc/api/routes.py:14 calls slow without awaiting it: the coroutine "
     "runs elsewhere",
-    "rows": "svc/api/routes.py:13 calls the generator rows without iterating it "
+    "rows": "svc/api/routes.py:14 calls the generator rows without iterating it "
     "there: it raises where it is iterated",
 }
 

@@ -480,7 +480,18 @@ class _Package:
                 parts.append(_Result(f"{_shown(path)} names {name} and does not parse"))
                 continue
             for chain in chains_at(caller.tree, line):
-                for node, parents in _references(chain[-1][0], name, line):
+                stmt = chain[-1][0]
+                if isinstance(stmt, ast.Import | ast.ImportFrom) and any(
+                    alias.name.rpartition(".")[2] == name and alias.asname
+                    for alias in stmt.names
+                ):
+                    parts.append(
+                        _Result(
+                            f"{caller.shown}:{line} imports {name} under another "
+                            "name: calls by that name are not followed"
+                        )
+                    )
+                for node, parents in _references(stmt, name, line):
                     if self._may_call(caller, chain, node, target):
                         parts.append(
                             self._reference(
