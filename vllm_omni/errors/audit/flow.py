@@ -27,17 +27,21 @@ the new type and not HTTPException; a clause that looks at the exception
 exc)`` or 0.30's ``_video_error_from_exception(exc)`` make of it depends
 on its type; logging it, formatting it into a message or re-raising it
 does not count); a clause to widen in a file outside the paths given or
-whose caught types are not plain names; or a call it cannot follow: the
-function referenced without being called (a callback, a task), a
-coroutine not awaited where it is called, a generator not iterated there,
-a name called from more places than are followed.
+whose caught types are not plain names; a ``with suppress(...)`` that
+swallows one type only; or a call it cannot follow: the function
+referenced without being called (a callback, a task) or imported under
+another name, a coroutine not awaited where it is called, a generator not
+iterated there, a name called from more places than are followed.
 
 Callers are found by name (``f(...)``, ``x.f(...)``): every reference to a
-function or method of that name anywhere in the package counts, which can
-only add ways to prove. The package is the outermost folder with an
-``__init__.py`` (the errors package left out: it renders both alike);
-what calls in from outside it, and decorators around a route, are not
-seen. The names are looked for in every file of the package at once, one
+function or method of that name anywhere in the package counts (``self.f``
+only from a related class, a bare ``f`` only where it is the module's own
+or imported), which can only add ways to prove. The package is the
+outermost folder with an ``__init__.py`` (the errors package left out: it
+renders both alike); what calls in from outside it is not seen: a function
+nothing in the package calls (a pydantic validator, a callback a framework
+registers) is taken as answered by the framework, as a route is, and
+decorators around a route are not followed. The names are looked for in every file of the package at once, one
 pass per step away from the raise sites (the C lexer's needle pass where
 it is built), and only the files that name one are parsed.
 
