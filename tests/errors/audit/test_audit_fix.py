@@ -15,7 +15,8 @@ from textwrap import dedent
 
 import pytest
 
-from vllm_omni.errors.audit import cli, flow
+import vllm_omni.errors
+from vllm_omni.errors.audit import cli, flow, rules
 
 from .conftest import REPO
 
@@ -708,3 +709,20 @@ def test_fix_and_suggest_import_no_vllm_torch_or_fastapi(tmp_path: Path) -> None
         timeout=60,
     )
     assert done.stdout.splitlines()[-1] == "0 0 True []", done.stderr
+
+
+def test_every_type_fix_raises_shares_the_base_a_widened_clause_names() -> None:
+    """What ``except (HTTPException, VLLMError)`` lets through covers every
+    type --fix raises, in the audit's table and in the classes themselves,
+    and each keeps the status the HTTPException had."""
+    base = getattr(vllm_omni.errors, rules.FIX_BASE)
+    for status in range(400, 600):
+        chosen = rules.semantic_type_for_status(status)
+        assert chosen is not None, status
+        name, explicit = chosen
+        assert rules.FIX_BASE in rules.ancestors(name), name
+        cls = getattr(vllm_omni.errors, name)
+        assert issubclass(cls, base), name
+        made = cls("x", status_code=status) if explicit else cls("x")
+        assert vllm_omni.errors.normalize(made).status_code == status
+    assert rules.semantic_type_for_status(302) is None

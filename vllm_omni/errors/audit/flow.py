@@ -41,9 +41,10 @@ outermost folder with an ``__init__.py`` (the errors package left out: it
 renders both alike); what calls in from outside it is not seen: a function
 nothing in the package calls (a pydantic validator, a callback a framework
 registers) is taken as answered by the framework, as a route is, and
-decorators around a route are not followed. The names are looked for in every file of the package at once, one
-pass per step away from the raise sites (the C lexer's needle pass where
-it is built), and only the files that name one are parsed.
+decorators around a route are not followed. The names are looked for in
+every file of the package at once, one pass per step away from the raise
+sites (the C lexer's needle pass where it is built), and only the files
+that name one are parsed.
 
 Stdlib only (``ast``).
 """

@@ -447,13 +447,9 @@ EXPLICIT_STATUS_TYPES: dict[str, str] = {
     "client": "OmniClientError",
     "server": "OmniServerError",
 }
-# Every type --fix may raise instead of an HTTPException.
-FIX_TYPES: tuple[str, ...] = (
-    *dict.fromkeys(SUGGESTION_BY_STATUS.values()),
-    *EXPLICIT_STATUS_TYPES.values(),
-)
-# The one base every type in FIX_TYPES shares: an except clause that lets
-# HTTPException through lets this through too once --fix widens it.
+# The one base every type --fix raises instead of an HTTPException shares:
+# an except clause that lets HTTPException through lets this through too
+# once --fix widens it.
 FIX_BASE = "VLLMError"
 
 
