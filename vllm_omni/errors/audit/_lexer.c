@@ -580,13 +580,9 @@ static PyObject *logical_lines(PyObject *Py_UNUSED(module), PyObject *const *arg
 /* ``needle_lines(text, groups)``: for each group of needles (ASCII
  * strings), the sorted 1-based numbers of the lines on which one of them
  * occurs; and the set of the needles that occur. One pass over the text
- * (a table of the byte pairs that start a needle, then a compare with the
- * needles of that pair), where ``str.find`` loops make one pass per needle
- * and a Python step per occurrence. */
+ * (a first-byte table, then a compare), where ``str.find`` loops make one
+ * pass per needle and a Python step per occurrence. */
 #define MAX_NEEDLES 256
-#define PAIR_BUCKETS 1024
-#define PAIR_BUCKET(a, b) \
-    ((((unsigned)(unsigned char)(a) * 31u) + (unsigned char)(b)) & (PAIR_BUCKETS - 1))
 
 static PyObject *needle_lines(PyObject *Py_UNUSED(module), PyObject *const *args,
                               Py_ssize_t nargs) {
@@ -615,17 +611,11 @@ static PyObject *needle_lines(PyObject *Py_UNUSED(module), PyObject *const *args
     PyObject *objects[MAX_NEEDLES];
     int owner[MAX_NEEDLES];
     int next[MAX_NEEDLES];
-    /* Chains of needles by their first byte (one-byte needles) and by a
-     * hash of their first two bytes (the others): many needles may share a
-     * first byte (``_name``), few a first pair. */
     int first[256];
-    int pair_first[PAIR_BUCKETS];
     char found[MAX_NEEDLES];
     int count = 0;
     for (int k = 0; k < 256; k++)
         first[k] = -1;
-    for (int k = 0; k < PAIR_BUCKETS; k++)
-        pair_first[k] = -1;
     for (Py_ssize_t g = 0; g < group_count; g++) {
         PyObject *group = PyTuple_GET_ITEM(groups, g);
         if (!PyTuple_Check(group)) {
@@ -652,8 +642,7 @@ static PyObject *needle_lines(PyObject *Py_UNUSED(module), PyObject *const *args
             /* Appended at the end of its byte's chain: search order is the
              * given order. */
             next[count] = -1;
-            int *link = length == 1 ? &first[(unsigned char)text[0]]
-                                    : &pair_first[PAIR_BUCKET(text[0], text[1])];
+            int *link = &first[(unsigned char)text[0]];
             while (*link >= 0)
                 link = &next[*link];
             *link = count;
@@ -698,25 +687,20 @@ static PyObject *needle_lines(PyObject *Py_UNUSED(module), PyObject *const *args
         unsigned char d = (unsigned char)data[i + 1];
         if (!(pairs[c][d >> 3] & (1u << (d & 7))))
             continue;
-        /* The one-byte needles starting here, then those of this pair. */
-        for (int chain = 0; chain < 2; chain++) {
-            for (int k = chain == 0 ? first[c] : pair_first[PAIR_BUCKET(c, d)]; k >= 0;
-                 k = next[k]) {
-                if (lengths[k] > size - i ||
-                    memcmp(data + i, needles[k], (size_t)lengths[k]) != 0)
-                    continue;
-                found[k] = 1;
-                int g = owner[k];
-                if (latest[g] != line) {
-                    latest[g] = line;
-                    PyObject *number = PyLong_FromLong(line);
-                    if (number == NULL)
-                        goto fail;
-                    int rc = PyList_Append(PyTuple_GET_ITEM(lists, g), number);
-                    Py_DECREF(number);
-                    if (rc < 0)
-                        goto fail;
-                }
+        for (int k = first[c]; k >= 0; k = next[k]) {
+            if (lengths[k] > size - i || memcmp(data + i, needles[k], (size_t)lengths[k]) != 0)
+                continue;
+            found[k] = 1;
+            int g = owner[k];
+            if (latest[g] != line) {
+                latest[g] = line;
+                PyObject *number = PyLong_FromLong(line);
+                if (number == NULL)
+                    goto fail;
+                int rc = PyList_Append(PyTuple_GET_ITEM(lists, g), number);
+                Py_DECREF(number);
+                if (rc < 0)
+                    goto fail;
             }
         }
     }
