@@ -8,8 +8,12 @@ for ``vllm-omni serve`` before it imports vLLM: it raises the light
 ``PipelineConfigError`` (``file:line:column`` for YAML errors, the key path
 for schema errors) and skips what needs vLLM (building fault exceptions).
 It must not start processes, import stage implementations or touch the
-network: the orchestrator and the stage workers read the result. Importing it
-must stay cheap (no vLLM): the exception classes are imported when needed.
+network: the orchestrator and the stage workers read the result. It sits
+below the engine and imports nothing of it (the engine's ``faults`` reads
+``FaultConfig``, never the other way): the exception class a ``raise`` fault
+names is resolved here (``resolve_exception``, ``FaultConfig.build_exception``),
+because whether a file may name it is part of the schema. Importing it must
+stay cheap (no vLLM): the exception classes are imported when needed.
 
 Schema::
 
@@ -51,7 +55,9 @@ Running the stages as Ray actors (``worker_backend: ray``; the engine's
 
 from __future__ import annotations
 
+import builtins
 import contextlib
+import importlib
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -65,6 +71,7 @@ __all__ = [
     "BUILTIN_PIPELINES",
     "DEFAULT_RAY_PROBE_INTERVAL_S",
     "DEFAULT_RAY_PROBE_TIMEOUT_S",
+    "FAULT_EXCEPTION_MODULES",
     "FaultConfig",
     "PipelineConfig",
     "PipelineConfigError",
@@ -75,6 +82,7 @@ __all__ = [
     "check_pipeline",
     "load_pipeline",
     "pipeline_from_mapping",
+    "resolve_exception",
 ]
 
 StageKind = Literal["text", "talker", "vocoder", "image", "video", "guardrail", "vllm"]
@@ -111,6 +119,16 @@ _RAY_PROBE_KEYS = {"probe_interval_s", "probe_timeout_s"}
 # (about a millisecond) so that a loaded host does not pass for a stall.
 DEFAULT_RAY_PROBE_INTERVAL_S = 1.0
 DEFAULT_RAY_PROBE_TIMEOUT_S = 2.0
+# The modules a ``raise`` fault may take its exception class from: only those
+# that own error types, so a pipeline file cannot name arbitrary code.
+FAULT_EXCEPTION_MODULES = (
+    "builtins",
+    "asyncio.exceptions",
+    "vllm.exceptions",
+    "vllm.v1.engine.exceptions",
+    "vllm_omni.errors",
+    "vllm_omni.errors.types",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +175,33 @@ class FaultConfig:
     exception: str | None = None
     args: tuple[Any, ...] = ()
     kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def build_exception(self) -> BaseException:
+        """The exception a ``raise`` fault throws (a ``RuntimeError`` unless
+        it names one)."""
+        if self.exception is None:
+            return RuntimeError(f"injected fault {self.marker!r}")
+        return resolve_exception(self.exception)(*self.args, **dict(self.kwargs))
+
+
+def resolve_exception(name: str) -> type[BaseException]:
+    """The exception class ``"module:Name"`` (or a bare name) stands for;
+    ``LookupError`` unless it is one from the modules that own error types
+    (imported here, on first use: they import vLLM)."""
+    module_name, _, attr = name.rpartition(":")
+    candidates = [module_name] if module_name else ["vllm_omni.errors", "builtins"]
+    for candidate in candidates:
+        if candidate not in FAULT_EXCEPTION_MODULES:
+            break
+        module = (
+            builtins if candidate == "builtins" else importlib.import_module(candidate)
+        )
+        value = getattr(module, attr, None)
+        if isinstance(value, type) and issubclass(value, BaseException):
+            return value
+    raise LookupError(
+        f"{name!r} is not an exception class of {', '.join(FAULT_EXCEPTION_MODULES)}"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,15 +393,12 @@ def _check_fault_exception(fault: FaultConfig, where: str) -> None:
     or the drill would fail only at request time (as a 500)."""
     if fault.action != "raise" or fault.exception is None:
         return
-    # Imported here: resolving the class imports vLLM's exception modules.
-    from vllm_omni.engine.faults import build_exception, resolve_exception
-
     try:
         resolve_exception(fault.exception)
     except LookupError as exc:
         _reject(str(exc), f"{where}.exception")
     try:
-        build_exception(fault)
+        fault.build_exception()
     except Exception as exc:  # whatever the constructor rejects the args with
         first = str(exc).splitlines()[0] if str(exc) else ""
         _reject(

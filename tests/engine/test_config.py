@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+import vllm_omni.config
+import vllm_omni.engine.faults
 
 from tests.engine.engines import write_pipeline
 from vllm_omni.config import (
@@ -201,3 +205,24 @@ def test_fault_exceptions_are_not_built_by_the_cli_check(tmp_path: Path) -> None
     with pytest.raises(PipelineConfigError) as info:
         check_pipeline(path)
     assert info.value.parameter == "faults[0].exception"
+
+
+def _imports(module: Any) -> set[str]:
+    """Every module a source file imports, at any depth (lazy ones too)."""
+    tree = ast.parse(Path(module.__file__).read_text())
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+    return found
+
+
+def test_the_config_depends_on_no_engine_module() -> None:
+    """Layers point down: the engine's fault injection reads the config; the
+    config (which checks each fault's exception at load) imports nothing of
+    the engine, the stages or the entry points, not even lazily."""
+    above = ("vllm_omni.engine", "vllm_omni.stages", "vllm_omni.entrypoints")
+    assert [m for m in _imports(vllm_omni.config) if m.startswith(above)] == []
+    assert "vllm_omni.config" in _imports(vllm_omni.engine.faults)
