@@ -10,7 +10,6 @@ import pytest
 
 import vllm_omni.config
 import vllm_omni.engine.faults
-
 from tests.engine.engines import write_pipeline
 from vllm_omni.config import (
     PipelineConfigError,
