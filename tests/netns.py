@@ -143,6 +143,11 @@ class Network:
         self._subnets: list[ipaddress.IPv4Network] = []
         self._closed = False
 
+    @property
+    def token(self) -> str:
+        """Six hex digits naming this network's namespaces and devices."""
+        return self._token
+
     # -- building ----------------------------------------------------------------
 
     def host(self, name: str) -> Host:
