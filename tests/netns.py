@@ -313,12 +313,15 @@ class Network:
                 with contextlib.suppress(ProcessLookupError):
                     process.kill()
         deadline = time.monotonic() + 15
+        survivors: list[str] = []
         for host in self._hosts:
             while pids := self.pids(host):
                 for pid in pids:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
                 if time.monotonic() > deadline:
+                    # Deleting the name would hide them, not end them.
+                    survivors += [f"process {pid} in {host.name}" for pid in pids]
                     break
                 time.sleep(0.05)
         for process in self._processes:
@@ -329,7 +332,7 @@ class Network:
         for link in self._links:
             if link.a is None:
                 _ip("link", "del", link.a_device, check=False)
-        left = self.leftovers()
+        left = survivors + self.leftovers()
         if left:
             raise AssertionError(f"the test network was not torn down: {left}")
 

@@ -30,6 +30,7 @@ from typing import Any
 
 import httpx
 import openai
+import psutil
 
 from tests import netns
 from tests.e2e.omni_server import OmniServer
@@ -486,6 +487,8 @@ def long_partition(deployment: Deployment) -> tuple[float, dict[str, float]]:
         _hold(deployment.client(), "talk @talkhang", "audio", held["talker"]),
     ]
     time.sleep(1.0)
+    # What the main server started here: gone with it once it exits.
+    tree = psutil.Process(main.proc.pid).children(recursive=True)
     deployment.network.cut(deployment.link)
     cut = time.monotonic()
     for holder in holders:
@@ -504,6 +507,8 @@ def long_partition(deployment: Deployment) -> tuple[float, dict[str, float]]:
     died = held["main"][0].done - cut
     assert HEARTBEAT_TIMEOUT_S - 1.0 < died < HEARTBEAT_TIMEOUT_S + 2.0, died
     assert main.proc.wait(timeout=20) == 1
+    _, alive = psutil.wait_procs(tree, timeout=10)
+    assert alive == [], alive
     assert "engine dead: stage 1 (talker) failed fatally: " in main.log()
     health = httpx.get(alive.base_url + "/health")
     assert health.status_code == 503

@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import psutil
 import pytest
 import yaml
 
@@ -113,7 +114,18 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
             )
         finally:
             for server in servers.values():
-                server.stop()
+                _stop_with_its_processes(server)
+
+
+def _stop_with_its_processes(server: OmniServer) -> None:
+    """Stop a server here (on this host, outside the test network) and check
+    that its whole process tree (launcher, local stages) is gone."""
+    tree: list[psutil.Process] = []
+    if server.proc.poll() is None:
+        tree = psutil.Process(server.proc.pid).children(recursive=True)
+    server.stop()
+    _, alive = psutil.wait_procs(tree, timeout=10)
+    assert alive == [], alive
 
 
 def _far_stage_log(deployment: Deployment, name: str) -> str:

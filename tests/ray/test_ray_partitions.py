@@ -27,7 +27,6 @@ and the servers most of the rest.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -75,6 +74,7 @@ PROBE = {"probe_interval_s": 0.25, "probe_timeout_s": 1.0}
 # on the test subnet.
 MULTI_NODE = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}
 _READY = re.compile(r"stage 1 \(talker\) ready, pid (\d+)")
+_NODE_ID = re.compile(r"node_id=([0-9a-f]{56})")
 
 
 def _ray(*args: str) -> list[str]:
@@ -134,20 +134,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
                 env={**os.environ, **MULTI_NODE},
                 timeout=180,
             )
-            node_ids = json.loads(
-                network.run(
-                    head,
-                    [
-                        sys.executable,
-                        "-c",
-                        "import json, ray\n"
-                        f"ray.init(address={gcs!r}, log_to_driver=False)\n"
-                        "print(json.dumps([n['NodeID'] for n in ray.nodes()]))\n",
-                    ],
-                    env={**os.environ, **MULTI_NODE},
-                    timeout=180,
-                ).splitlines()[-1]
-            )
+            node_ids = [_node_id(ray_dir / node) for node in ("head", "far")]
             for name, env in (("main", {}), ("alive", KEEP_ALIVE)):
                 directory = tmp_path_factory.mktemp(f"ray-partition-{name}")
                 path = directory / "pipeline.yaml"
@@ -197,6 +184,16 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
                 server.stop()
             network.close()
             shutil.rmtree(ray_dir, ignore_errors=True)
+
+
+def _node_id(temp_dir: Path) -> str:
+    """A node's id, from its raylet's log (for the leak scan)."""
+    log = temp_dir / "session_latest" / "logs" / "raylet.out"
+    deadline = time.monotonic() + 30
+    while not (found := _NODE_ID.search(log.read_text() if log.exists() else "")):
+        assert time.monotonic() < deadline, log
+        time.sleep(0.1)
+    return found[1]
 
 
 def _title(pid: int) -> str:
