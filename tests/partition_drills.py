@@ -170,6 +170,8 @@ class Traffic:
         self._client = client
         self._stop = threading.Event()
         self.outcomes: list[Outcome] = []
+        # A check that failed inside a thread (say, a wrong reply text).
+        self.failures: list[BaseException] = []
         self._threads = [
             threading.Thread(target=self._run, args=(kind,), name=f"traffic-{kind}")
             for kind in kinds
@@ -177,10 +179,13 @@ class Traffic:
 
     def _run(self, kind: str) -> None:
         n = 0
-        while not self._stop.is_set():
-            n += 1
-            self.outcomes.append(chat(self._client, f"{kind} {n}", kind))
-            self._stop.wait(0.05)
+        try:
+            while not self._stop.is_set():
+                n += 1
+                self.outcomes.append(chat(self._client, f"{kind} {n}", kind))
+                self._stop.wait(0.05)
+        except BaseException as exc:  # raised again in the test's thread
+            self.failures.append(exc)
 
     def __enter__(self) -> Traffic:
         for thread in self._threads:
@@ -191,6 +196,9 @@ class Traffic:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=90)
+        assert not any(t.is_alive() for t in self._threads), "a request never ended"
+        if self.failures:
+            raise self.failures[0]
 
 
 def until_served(client: openai.OpenAI, kind: str, *, within_s: float) -> Outcome:
