@@ -264,4 +264,5 @@ def test_a_long_partition_kills_the_engine_and_the_far_stages_stop(
     timings["heal_to_far_raylet_gone_s"] = time.monotonic() - healed
     for name, value in timings.items():
         record_property(name, round(value, 2))
-    print(f"ray, {HEARTBEAT_TIMEOUT_S} s heartbeat: {timings}")
+    left = [_title(pid)[:100] for pid in network.pids(far)]
+    print(f"ray, {HEARTBEAT_TIMEOUT_S} s heartbeat: {timings}; far host: {left}")
