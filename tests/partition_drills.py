@@ -515,8 +515,8 @@ def long_partition(deployment: Deployment) -> tuple[float, dict[str, float]]:
     died = held["main"][0].done - cut
     assert HEARTBEAT_TIMEOUT_S - 1.0 < died < HEARTBEAT_TIMEOUT_S + 2.0, died
     assert main.proc.wait(timeout=20) == 1
-    _, alive = psutil.wait_procs(tree, timeout=10)
-    assert alive == [], alive
+    _, survivors = psutil.wait_procs(tree, timeout=10)
+    assert survivors == [], survivors
     assert "engine dead: stage 1 (talker) failed fatally: " in main.log()
     health = httpx.get(alive.base_url + "/health")
     assert health.status_code == 503
