@@ -19,7 +19,8 @@ with the same timeouts (silent after 1.5 s, dead after 6 s; probe every
 0.25 s, 1 s to answer). After the long partition each talker actor's
 process stops by itself within its orchestrator timeout (twice the
 heartbeat timeout, 12 s); once the link heals, the far raylet learns that
-the GCS declared its node dead and exits with what it ran. Everything Ray
+the GCS declared its node dead and exits with what it ran (only ``ray
+start``'s log monitor stays, until ``ray stop``). Everything Ray
 started, on both hosts, is killed and checked gone by the network's
 teardown. The drills take about a minute and a half; starting the cluster
 and the servers most of the rest.
@@ -240,8 +241,8 @@ def test_a_long_partition_kills_the_engine_and_the_far_stages_stop(
 ) -> None:
     """Last in the module: it kills both engines. Each talker actor's process
     stops by itself within its orchestrator timeout of the cut; after the
-    heal the far raylet, declared dead by the GCS meanwhile, exits too, and
-    no Ray process is left on the far host."""
+    heal the far raylet, declared dead by the GCS meanwhile, exits with its
+    workers and agents."""
     far_pids = {name: deployment.far_stage_pids(name) for name in ("main", "alive")}
     cut, timings = long_partition(deployment)
     network, far = deployment.network, deployment.far
@@ -264,5 +265,8 @@ def test_a_long_partition_kills_the_engine_and_the_far_stages_stop(
     timings["heal_to_far_raylet_gone_s"] = time.monotonic() - healed
     for name, value in timings.items():
         record_property(name, round(value, 2))
-    left = [_title(pid)[:100] for pid in network.pids(far)]
-    print(f"ray, {HEARTBEAT_TIMEOUT_S} s heartbeat: {timings}; far host: {left}")
+    print(f"ray, {HEARTBEAT_TIMEOUT_S} s heartbeat: {timings}")
+    # Left: only the log monitor ``ray start`` runs beside the raylet (a
+    # node daemon of Ray's, ended by ``ray stop``; the teardown kills it).
+    left = [_title(pid) for pid in network.pids(far)]
+    assert all("ray/_private/log_monitor.py" in title for title in left), left
