@@ -240,17 +240,26 @@ def start_server(
     env: dict[str, str] | None = None,
     job_store: Path | None = None,
     extra_args: tuple[str, ...] = (),
+    host: str = "127.0.0.1",
+    command_prefix: tuple[str, ...] = (),
 ) -> OmniServer:
-    """Spawn (without waiting for readiness: start several, then wait)."""
+    """Spawn (without waiting for readiness: start several, then wait).
+
+    ``host``: where it listens (a free port there is taken); ``command_prefix``
+    runs it through another command (``ip netns exec NS``: on a test host).
+    """
     directory.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    port = free_port(host) if not command_prefix else free_port()
     argv = [
+        *command_prefix,
         sys.executable,
         "-m",
         "vllm_omni.entrypoints.cli.main",
         "serve",
         "--pipeline",
         str(pipeline),
+        "--host",
+        host,
         "--port",
         str(port),
         "--error-mode",
@@ -268,4 +277,4 @@ def start_server(
         stdout=log_path.open("wb"),
         stderr=subprocess.STDOUT,
     )
-    return OmniServer(proc, f"http://127.0.0.1:{port}", log_path, api_key)
+    return OmniServer(proc, f"http://{host}:{port}", log_path, api_key)

@@ -16,6 +16,7 @@ import dataclasses
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 
@@ -200,14 +201,23 @@ def test_offline_omni_runs_on_ray_until_a_stage_stays_silent(
     local_ray: None,
 ) -> None:
     """``Omni`` takes the same backend arguments (on its own loop thread).
-    Then its one stage's worker is stopped for good: the request in flight
+    Then its one stage's worker is stopped for good: the request it holds
     gets 504, the next one 503, and past the heartbeat timeout the engine is
-    dead with that stage's id (last: it kills this engine)."""
+    dead with that stage's id (last: it kills this engine).
+
+    The held request is at the stage before the stop (its hang fault keeps
+    it there): its outcome does not depend on a race between its submission
+    and the probe. (It once did: the drill sent a plain request just after
+    the stop and needed it to reach the stage before the probe noticed, and
+    under load it failed with ``DID NOT RAISE OmniStageTimeoutError``.)"""
     pipeline = pipeline_from_mapping(
         {
             "model": "omni-offline",
             "stages": [{"id": 0, "name": "thinker", "kind": "text"}],
-            "faults": [{"stage": 0, "marker": "@boom", "action": "raise"}],
+            "faults": [
+                {"stage": 0, "marker": "@boom", "action": "raise"},
+                {"stage": 0, "marker": "@hang", "action": "hang"},
+            ],
         }
     )
     with Omni(
@@ -226,10 +236,17 @@ def test_offline_omni_runs_on_ray_until_a_stage_stays_silent(
             500,
             0,
         )
+        held: list[BaseException] = []
+        holder = threading.Thread(target=_generate_into, args=(omni, held))
+        holder.start()
+        deadline = time.monotonic() + 10
+        while not omni._call(omni.engine.stage_stats())[0]["active"]:  # type: ignore[index]
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
         with stopped(ping(_actor(omni.engine, 0))):
-            # Sent within milliseconds of the stop: the probe needs 1 s.
-            with pytest.raises(OmniStageTimeoutError) as timed_out:
-                omni.generate("in flight")
+            holder.join(timeout=15)
+            [timed_out] = held
+            # Silent since before that 504 was raised: refused at once.
             with pytest.raises(OmniServiceUnavailableError) as refused:
                 omni.generate("refused")
             deadline = time.monotonic() + 10
@@ -238,11 +255,19 @@ def test_offline_omni_runs_on_ray_until_a_stage_stays_silent(
                 time.sleep(0.1)
             with pytest.raises(OmniEngineDeadError) as dead:
                 omni.generate("after")
+    assert isinstance(timed_out, OmniStageTimeoutError), timed_out
     assert [
-        (e.details.status_code, e.details.stage_id, e.details.fatal)  # type: ignore[union-attr]
-        for e in (timed_out.value, refused.value, dead.value)
+        (e.details.status_code, e.details.stage_id, e.details.fatal)  # type: ignore[attr-defined]
+        for e in (timed_out, refused.value, dead.value)
     ] == [(504, 0, False), (503, 0, False), (500, 0, True)]
     assert dead.value.reason == "stage heartbeat lost"
+
+
+def _generate_into(omni: Omni, sink: list[BaseException]) -> None:
+    try:
+        omni.generate("in flight @hang")
+    except BaseException as exc:  # the drill checks which
+        sink.append(exc)
 
 
 async def _refused(engine: AsyncOmni, request_id: str, modalities: list[str]) -> bool:

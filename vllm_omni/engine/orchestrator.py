@@ -16,6 +16,11 @@ into results or exceptions:
 - a fatal record, or a stage process that died (polled every 100 ms), marks
   the engine dead: every in-flight request fails with
   ``OmniEngineDeadError(stage_id=…)`` and new ones are refused;
+- a stage on another host (``remote``, or started by a launcher) is watched
+  by its heartbeats: not heard from for ``silence_timeout_s`` it is
+  *silent* (below), heard again it is not; not heard from for
+  ``heartbeat_timeout_s`` it is dead (a partition that long, or a host
+  gone);
 - a consumer that goes away (``CancelledError``/``GeneratorExit``) aborts the
   request in every stage; that is not an error;
 - until every stage is ready, any failure (a stage's startup record, a stage
@@ -34,14 +39,16 @@ into results or exceptions:
 Stages run as local processes unless a ``StageLauncher`` is given (the Ray
 backend, ``ray_backend.py``): it then starts the stages, over ``tcp://``,
 and reports their exits (this module only marks the engine dead) and what
-its probes see at request time (``LauncherHooks``):
+its probes see at request time (``LauncherHooks``).
 
-- a stage that stops answering its probe fails the requests in flight at
-  that stage with ``OmniStageTimeoutError`` (504, its ``stage_id``), aborted
-  in every stage, and every request that needs it (new, or moving on to it)
-  is refused with ``OmniServiceUnavailableError`` (503, its ``stage_id``,
-  retryable) until it answers again; silent for ``heartbeat_timeout_s``, it
-  is dead as a remote stage is;
+A silent stage - its heartbeats stopped arriving, or its launcher's probe
+got no answer - fails the requests in flight at that stage with
+``OmniStageTimeoutError`` (504, its ``stage_id``), aborted in every stage,
+and every request that needs it (new, or moving on to it) is refused with
+``OmniServiceUnavailableError`` (503, its ``stage_id``, retryable) until it
+is heard (and its probe answers) again; silent for ``heartbeat_timeout_s``,
+it is dead. From the launcher, besides:
+
 - a control plane that does not answer (Ray's GCS) refuses new requests with
   that 503 and the ``stage_id`` of their first stage, while requests already
   admitted go on over the wire, which does not need it.
@@ -71,7 +78,7 @@ import zmq
 import zmq.asyncio
 from vllm.exceptions import QueueOverflowError
 
-from vllm_omni.config import PipelineConfig, StageConfig
+from vllm_omni.config import HEARTBEAT_INTERVAL_S, PipelineConfig, StageConfig
 from vllm_omni.engine import liveness, processes
 from vllm_omni.engine import messages as m
 from vllm_omni.engine.processes import LauncherError, Lease, StageProcess
@@ -122,7 +129,6 @@ _PRODUCERS: dict[str, tuple[tuple[str, ...], ...]] = {
 }
 _TEXT_KINDS = ("text", "vllm")
 _WATCH_INTERVAL_S = 0.1
-_HEARTBEAT_S = 1.0
 _PARAM_TYPES = (str, int, float, bool, bytes, type(None))
 # Requests in flight per engine before admission refuses (upstream's
 # ``--max-num-queued-reqs``); big enough for bursts, small enough that the
@@ -209,8 +215,14 @@ class _StageHandle:
         self.ready: asyncio.Future[m.Ready] = loop.create_future()
         self.pid: int | None = None
         self.last_seen = loop.time()
-        # The launcher's probe got no answer: requests for it are refused.
-        self.silent = False
+        # Why it is silent: "heartbeat" (not heard from for silence_timeout_s)
+        # and/or "probe" (its launcher's probe got no answer). While either
+        # holds, requests for it are refused.
+        self.silent_by: set[str] = set()
+
+    @property
+    def silent(self) -> bool:
+        return bool(self.silent_by)
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -295,6 +307,7 @@ class Orchestrator:
         port: int = 0,
         startup_timeout_s: float = 120.0,
         heartbeat_timeout_s: float = 10.0,
+        silence_timeout_s: float | None = None,
         death_grace_s: float = 0.1,
         launcher: StageLauncher | None = None,
         max_num_queued_reqs: int = DEFAULT_MAX_NUM_QUEUED_REQS,
@@ -321,6 +334,8 @@ class Orchestrator:
         self._port = port
         self._startup_timeout_s = startup_timeout_s
         self._heartbeat_timeout_s = heartbeat_timeout_s
+        # None: a stage is never silent, only dead after heartbeat_timeout_s.
+        self._silence_timeout_s = silence_timeout_s
         self._death_grace_s = death_grace_s
         self._launcher = launcher
         self.address = ""
@@ -661,15 +676,20 @@ class Orchestrator:
                         f"stage process exited with code {process.exitcode}",
                     )
                     return
-                if (
-                    self._watched_by_heartbeat(handle)
-                    and handle.ready.done()
-                    and now - handle.last_seen > self._heartbeat_timeout_s
-                ):
-                    self._mark_dead(handle.config.id, "stage heartbeat lost")
-                    return
+                if self._watched_by_heartbeat(handle) and handle.ready.done():
+                    unheard = now - handle.last_seen
+                    if unheard > self._heartbeat_timeout_s:
+                        self._mark_dead(handle.config.id, "stage heartbeat lost")
+                        return
+                    if self._silence_timeout_s is not None:
+                        self._set_silent(
+                            handle,
+                            "heartbeat",
+                            unheard > self._silence_timeout_s,
+                            f"not heard from for {unheard:.1f} s",
+                        )
             if now >= next_beat:
-                next_beat = now + _HEARTBEAT_S
+                next_beat = now + HEARTBEAT_INTERVAL_S
                 for handle in self._handles.values():
                     if self._watched_by_heartbeat(handle):
                         self._post(handle, m.Heartbeat())
@@ -689,12 +709,24 @@ class Orchestrator:
 
     def _on_stage_answering(self, stage_id: int, answering: bool) -> None:
         """A launched stage's probe changed: see the module docstring."""
-        handle = self._handles[stage_id]
-        if handle.silent is not answering or self._closed:
+        self._set_silent(
+            self._handles[stage_id], "probe", not answering, "its probe got no answer"
+        )
+
+    def _set_silent(
+        self, handle: _StageHandle, source: str, silent: bool, why: str
+    ) -> None:
+        """``source`` says the stage is silent (or no longer); on the change of
+        the stage's state, fail what it holds, or admit again."""
+        was = handle.silent
+        if silent:
+            handle.silent_by.add(source)
+        else:
+            handle.silent_by.discard(source)
+        if handle.silent == was or self._closed or self._dead is not None:
             return
-        handle.silent = not answering
-        name = handle.config.name
-        if answering:
+        stage_id, name = handle.config.id, handle.config.name
+        if not silent:
             logger.info("stage %d (%s) answers again: admitting", stage_id, name)
             return
         stuck = [
@@ -703,10 +735,11 @@ class Orchestrator:
             if not r.closed and r.stage is not None and r.stage.id == stage_id
         ]
         logger.warning(
-            "stage %d (%s) does not answer: %d request(s) in flight there fail "
-            "with 504, new ones for it are refused with 503",
+            "stage %d (%s) does not answer (%s): %d request(s) in flight there "
+            "fail with 504, new ones for it are refused with 503",
             stage_id,
             name,
+            why,
             len(stuck),
         )
         for request in stuck:

@@ -46,6 +46,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from vllm_omni.config import (
+    DEFAULT_HEARTBEAT_TIMEOUT_S,
     DEFAULT_RAY_PROBE_INTERVAL_S,
     DEFAULT_RAY_PROBE_TIMEOUT_S,
     PipelineConfig,
@@ -67,9 +68,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# A stage on another host is also dropped when the orchestrator goes silent
-# (Ray's owner fate-sharing normally ends it first).
-_ORCHESTRATOR_TIMEOUT_S = 30.0
 _CONNECT_TIMEOUT_S = 10.0
 _PROBE_GROUP = "probe"
 # The GCS call of the cluster probe: an existence check of an unused key.
@@ -131,9 +129,18 @@ class _StageActor:
         install_log_redaction()
         worker = StageWorker(spec)
         try:
-            return asyncio.run(worker.serve())
+            code = asyncio.run(worker.serve())
         finally:
             worker.close()
+        if worker.orphaned:
+            # Nobody will use or kill this actor: its orchestrator is gone or
+            # cut off (its node partitioned). Its process must not linger on
+            # that host, holding the stage's resources. Not exit_actor(): it
+            # first reports to the GCS, which a partition makes wait ~12 s
+            # more; the raylet sees this exit and reports it when it can.
+            logging.shutdown()
+            os._exit(0)
+        return code
 
 
 def _actor_options(stage: StageConfig, name: str, namespace: str) -> dict[str, Any]:
@@ -188,11 +195,13 @@ class RayStageLauncher:
         stage_init_timeout_s: float = 120.0,
         probe_interval_s: float = DEFAULT_RAY_PROBE_INTERVAL_S,
         probe_timeout_s: float = DEFAULT_RAY_PROBE_TIMEOUT_S,
+        orchestrator_timeout_s: float = 2 * DEFAULT_HEARTBEAT_TIMEOUT_S,
     ) -> None:
         self._address = address
         self._stage_init_timeout_s = stage_init_timeout_s
         self._probe_interval_s = probe_interval_s
         self._probe_timeout_s = probe_timeout_s
+        self._orchestrator_timeout_s = orchestrator_timeout_s
         self._probe: _Probe | None = None
         self._namespace = f"vllm-omni-{uuid.uuid4().hex[:12]}"
         self._owns_ray = False
@@ -303,7 +312,7 @@ class RayStageLauncher:
                 stage=stage,
                 pipeline=pipeline,
                 address=address,
-                orchestrator_timeout_s=_ORCHESTRATOR_TIMEOUT_S,
+                orchestrator_timeout_s=self._orchestrator_timeout_s,
             )
             run = self._actors[stage.id].run.remote(spec)
             self._runs[stage.id] = run

@@ -41,7 +41,7 @@ from vllm_omni.errors.fastapi import install_error_handling
 from vllm_omni.errors.openapi import ERROR_RESPONSES
 from vllm_omni.upstream import launcher
 
-__all__ = ["build_app", "init_app_state", "run_server"]
+__all__ = ["build_app", "init_app_state", "route_modules", "run_server"]
 
 logger = logging.getLogger("vllm_omni.server")
 
@@ -64,7 +64,11 @@ _ROUTERS = (
 )
 
 
-def _route_modules() -> list[Any]:
+def route_modules() -> list[Any]:
+    """Every installed route module, imported. They import vLLM's serving
+    code (seconds of work, most of it holding the GIL): ``vllm-omni serve``
+    calls this in a thread before it builds the app, so that the engine's
+    loop (stage heartbeats, stage messages) never waits for it."""
     modules = []
     for name in _ROUTERS:
         try:
@@ -97,7 +101,7 @@ def build_app(args: argparse.Namespace) -> FastAPI:
 
     app = FastAPI(title="vLLM-Omni", lifespan=lifespan)
     app.state.api_key = getattr(args, "api_key", None)
-    app.state.route_modules = _route_modules()
+    app.state.route_modules = route_modules()
     # Every route, public ones included, refuses text that is not Unicode;
     # the key is checked first (before the body is read, see auth).
     unicode = [Depends(require_unicode)]
