@@ -75,6 +75,7 @@ from vllm_omni.config import PipelineConfig, StageConfig
 from vllm_omni.engine import liveness, processes
 from vllm_omni.engine import messages as m
 from vllm_omni.engine.processes import LauncherError, Lease, StageProcess
+from vllm_omni.engine.stage_metrics import STAGE_METRICS, StageDirectories
 from vllm_omni.engine.stage_worker import WorkerSpec, stage_identity
 from vllm_omni.errors import (
     OmniConflictError,
@@ -270,15 +271,23 @@ def _read_by(kinds: tuple[str, ...]) -> frozenset[str]:
     return frozenset().union(*(stage_params(kind) for kind in kinds))
 
 
-def _reap(processes: list[StageProcess], lease: Lease, ipc_dir: str | None) -> None:
+def _reap(
+    processes: list[StageProcess],
+    lease: Lease,
+    ipc_dir: str | None,
+    metrics: StageDirectories,
+) -> None:
     """Last resort (GC, interpreter exit): no stage outlives its engine; the
-    launcher closes with its last lease."""
+    launcher closes with its last lease. Also the end of every shutdown: the
+    stages' metrics leave ``/metrics`` and their files the disk."""
     for process in processes:
         with contextlib.suppress(Exception):
             if process.is_alive():
                 process.kill()
                 process.join(1.0)
     lease.release()
+    STAGE_METRICS.remove(metrics)
+    shutil.rmtree(metrics.root, ignore_errors=True)
     if ipc_dir is not None:
         shutil.rmtree(ipc_dir, ignore_errors=True)
 
@@ -462,7 +471,11 @@ class Orchestrator:
         the launcher to import vLLM)."""
         lease = processes.acquire()
         started: list[StageProcess] = []
-        self._finalizer = weakref.finalize(self, _reap, started, lease, self._ipc_dir)
+        metrics = StageDirectories(tempfile.mkdtemp(prefix="vllm-omni-metrics-"))
+        self._finalizer = weakref.finalize(
+            self, _reap, started, lease, self._ipc_dir, metrics
+        )
+        STAGE_METRICS.add(metrics)
         level, tracebacks = _stage_log_settings()
         for handle in self._handles.values():
             if handle.config.remote:
@@ -474,6 +487,7 @@ class Orchestrator:
                 orchestrator_pid=os.getpid(),
                 log_level=level,
                 log_tracebacks=tracebacks,
+                metrics_dir=metrics.directory(handle.config.id),
             )
             name = f"omni-stage-{handle.config.id}-{handle.config.name}"
             try:
@@ -482,6 +496,7 @@ class Orchestrator:
                 raise StageStartupError(handle.config, str(exc)) from None
             handle.process = process
             started.append(process)
+            metrics.add(handle.config.id, process.is_alive)
 
     def shutdown(self, timeout_s: float = 3.0) -> None:
         """Stop every stage and release sockets; idempotent. Call it from the
