@@ -184,4 +184,3 @@ def _register() -> StageMetricsCollector:
 
 # The one collector of this process, on the registry ``/metrics`` exposes.
 STAGE_METRICS = _register()
-
