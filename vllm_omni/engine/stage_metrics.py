@@ -63,6 +63,7 @@ __all__ = [
     "StageMetricsSource",
     "engine_families",
     "keep_in",
+    "without_gauges",
 ]
 
 ENGINE_PREFIX = "vllm:"
@@ -93,7 +94,9 @@ def engine_families(families: Iterable[Metric]) -> list[Metric]:
     return [family for family in families if family.name.startswith(ENGINE_PREFIX)]
 
 
-def _without_gauges(families: Iterable[Metric]) -> list[Metric]:
+def without_gauges(families: Iterable[Metric]) -> list[Metric]:
+    """``families`` as a stage that no longer runs shows them: its counters
+    and histograms, no gauge."""
     return [family for family in families if family.type != "gauge"]
 
 
@@ -127,7 +130,7 @@ class StageDirectories:
                 families = engine_families(MultiProcessCollector.merge(files))
             except FileNotFoundError:
                 continue  # the engine is shutting down and removing them
-            yield stage_id, families if running() else _without_gauges(families)
+            yield stage_id, families if running() else without_gauges(families)
 
 
 def _labelled(stage_id: int, family: Metric, into: Metric) -> None:
