@@ -52,6 +52,11 @@ def engine_families(text: str) -> dict[str, Any]:
     return {name: f for name, f in families.items() if name not in created}
 
 
+def engine_gauges(text: str) -> list[str]:
+    """The names of the ``vllm:`` gauge families of an exposition text."""
+    return [f.name for f in engine_families(text).values() if f.type == "gauge"]
+
+
 def label_names(family: Any) -> set[str]:
     return {name for sample in family.samples for name in sample.labels}
 

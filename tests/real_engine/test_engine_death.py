@@ -45,6 +45,7 @@ from tests.real_engine.conftest import (
 )
 from tests.real_engine.engine_metrics import (
     engine_families,
+    engine_gauges,
     metrics_text,
     success_by_reason,
 )
@@ -261,10 +262,6 @@ def test_keep_alive_serves_503_health_and_500s(
     assert after.json()["error"]["message"] == GENERIC
     time.sleep(1)
     assert server.proc.poll() is None
-
-
-def engine_gauges(text: str) -> list[str]:
-    return [f.name for f in engine_families(text).values() if f.type == "gauge"]
 
 
 def _once_gauges_left(server: OmniServer) -> str:

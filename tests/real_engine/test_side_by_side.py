@@ -23,8 +23,11 @@ and every series the shipped dashboard and alert rules query is there.
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,16 +41,22 @@ import yaml
 from tests.e2e.omni_server import OmniServer, start_server
 from tests.e2e.servers import free_port, metric_samples, settled_samples
 from tests.observability.names import exported_series, queried_series
-from tests.real_engine.conftest import running_servers, write_tiny_pipeline
+from tests.real_engine.conftest import (
+    STARTUP_TIMEOUT_S,
+    running_servers,
+    write_tiny_pipeline,
+)
 from tests.real_engine.engine_metrics import (
     FINISH_REASONS,
     abandon_a_request,
     counter_total,
     engine_families,
+    engine_gauges,
     label_names,
     metrics_text,
     success_by_reason,
 )
+from tests.real_engine.pause import engine_core_pid
 from tests.real_engine.side_by_side import CASES, CORRECTIONS, MODEL, outcome
 
 pytestmark = pytest.mark.timeout(900)
@@ -106,8 +115,45 @@ def servers(
         "upstream": _upstream_server(directory, engine_args),
         "omni": start_server(directory, pipeline),
     }
-    with running_servers(started) as ready:
-        yield ready
+    # The same pipeline with its stage as a Ray actor, on a Ray instance of
+    # its own (a short RAY_TMPDIR: Ray's socket paths have a length limit,
+    # and Ray joins the instance another process left in /tmp/ray); kept
+    # alive when its engine dies, for the last test. Started once the first
+    # two are ready: three engines starting at once on 2 cores can pass the
+    # 120 s startup limit.
+    ray_tmp = tempfile.mkdtemp(prefix="omni-ray-")
+    # A Ray worker imports vLLM before its actor is placed: under load that
+    # can pass the default 120 s of placement and of startup.
+    data["stage_init_timeout_s"] = STARTUP_TIMEOUT_S
+    on_ray = directory / "ray" / "pipeline.yaml"
+    on_ray.parent.mkdir()
+    on_ray.write_text(yaml.safe_dump(data))
+    try:
+        with (
+            running_servers(started) as ready,
+            running_servers(
+                {
+                    "ray": start_server(
+                        directory / "ray",
+                        on_ray,
+                        env={
+                            "RAY_TMPDIR": ray_tmp,
+                            "RAY_AUTH_MODE": "disabled",
+                            "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1",
+                        },
+                        extra_args=(
+                            "--worker-backend",
+                            "ray",
+                            "--startup-timeout",
+                            str(STARTUP_TIMEOUT_S),
+                        ),
+                    )
+                }
+            ) as ray_ready,
+        ):
+            yield {**ready, **ray_ready}
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 def _client(server: OmniServer) -> httpx.Client:
@@ -172,11 +218,12 @@ def _series(family: Any) -> set[tuple[str, frozenset[tuple[str, str]]]]:
     }
 
 
+@pytest.mark.parametrize("ours_on", ["omni", "ray"])
 def test_every_engine_family_upstream_exposes_is_ours_with_a_stage_label(
-    servers: dict[str, OmniServer],
+    servers: dict[str, OmniServer], ours_on: str
 ) -> None:
     theirs = engine_families(metrics_text(servers["upstream"]))
-    ours = engine_families(metrics_text(servers["omni"]))
+    ours = engine_families(metrics_text(servers[ours_on]))
     assert len(theirs) >= 30, sorted(theirs)
     assert set(ours) == set(theirs), set(theirs) ^ set(ours)
     for name, family in theirs.items():
@@ -248,12 +295,44 @@ def test_the_engine_counts_finish_reasons_as_upstream_does(
         counted[name] = (reasons, prompt)
     expected = {"stop": 2, "length": 3, "abort": 0, "error": 0, "repetition": 0}
     # Neither the 400 nor the abandoned request is a finished request.
-    assert counted["omni"][0] == counted["upstream"][0] == expected
-    assert counted["omni"][1] == counted["upstream"][1] > 0
+    assert {name: reasons for name, (reasons, _) in counted.items()} == {
+        "upstream": expected,
+        "omni": expected,
+        "ray": expected,
+    }
+    prompt_tokens = {prompt for _, prompt in counted.values()}
+    assert len(prompt_tokens) == 1 and prompt_tokens.pop() > 0
 
 
+@pytest.mark.parametrize("ours_on", ["omni", "ray"])
 def test_the_dashboard_and_rules_query_what_the_server_exports(
+    servers: dict[str, OmniServer], ours_on: str
+) -> None:
+    exported = exported_series(metrics_text(servers[ours_on]))
+    assert queried_series() <= exported, queried_series() - exported
+
+
+def test_a_dead_ray_stage_keeps_its_counters_and_loses_its_gauges(
     servers: dict[str, OmniServer],
 ) -> None:
-    exported = exported_series(metrics_text(servers["omni"]))
-    assert queried_series() <= exported, queried_series() - exported
+    """Last: it kills the Ray server's engine (kept alive, /health 503)."""
+    server = servers["ray"]
+    before = metrics_text(server)
+    assert engine_gauges(before)
+    os.kill(engine_core_pid(server), signal.SIGKILL)
+    client = openai.OpenAI(
+        base_url=server.base_url + "/v1", api_key="-", max_retries=0, timeout=60
+    )
+    # The stage learns of its engine's death from the next request, fails it
+    # and exits: its actor is gone, the engine dead.
+    with pytest.raises(openai.InternalServerError):
+        _chat(client, max_tokens=4)
+    deadline = time.monotonic() + 30
+    while engine_gauges(after := metrics_text(server)):
+        assert time.monotonic() < deadline, engine_gauges(after)
+        time.sleep(0.2)
+    assert success_by_reason(after) == success_by_reason(before)
+    assert counter_total(after, "vllm:prompt_tokens") == counter_total(
+        before, "vllm:prompt_tokens"
+    )
+    assert httpx.get(server.base_url + "/health", timeout=10).status_code == 503
