@@ -31,6 +31,10 @@ into results or exceptions:
   bounds what it holds), so a send either reaches the stage's pipe or fails
   its request with a canonical error.
 
+Each local stage process keeps its engine's metrics in a directory of its
+own under one directory per engine (``stage_metrics``), which this module
+creates, puts on ``/metrics`` and removes when it shuts down.
+
 Stages run as local processes unless a ``StageLauncher`` is given (the Ray
 backend, ``ray_backend.py``): it then starts the stages, over ``tcp://``,
 and reports their exits (this module only marks the engine dead) and what
