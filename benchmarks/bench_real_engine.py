@@ -13,6 +13,16 @@ the other, with the same prompts; each figure is the median of ``ROUNDS``.
   ``VLLMValidationError``; ours, the 400 ``OmniClientError`` rebuilt from the
   stage's record).
 
+Then the cost of the engine's metrics (issue 27): two of our engines at once,
+one with vLLM's metrics on (the default: the stage's stat logger records
+them into its multiprocess files, which ``/metrics`` reads) and one with them
+off (``disable_log_stats``, vLLM's own switch), TTFT measured on each in
+turn (``METRICS_ROUNDS`` each, alternating which goes first); the same pair
+of upstream ``AsyncLLM`` driven directly (its stats in this process's
+registry), which tells vLLM's own cost of its stats from the cost of
+exporting them; and the time to collect the stage's families for one scrape
+(``STAGE_METRICS``).
+
 Run it in the real-engine environment (built by ``requirements/cpu-engine.sh``)::
 
     VLLM_OMNI_REAL_ENGINE=1 .venv-cpu-engine/bin/python -m benchmarks.bench_real_engine
@@ -40,6 +50,7 @@ for _name, _value in {
     os.environ.setdefault(_name, _value)
 
 ROUNDS = 20
+METRICS_ROUNDS = 60
 PROMPT = "hello world"
 LONG_PROMPT = "omni stage " * 256
 
@@ -62,14 +73,7 @@ async def _upstream(engine_args: dict[str, Any]) -> tuple[float, float]:
     try:
 
         async def ttft(i: int) -> float:
-            start = time.perf_counter()
-            stream = engine.generate(PROMPT, params, f"ttft-{i}")
-            async for output in stream:
-                if output.outputs[0].text:
-                    elapsed = time.perf_counter() - start
-                    await stream.aclose()
-                    return elapsed
-            raise RuntimeError("no text")
+            return await _async_llm_ttft(engine, f"ttft-{i}")
 
         async def error(i: int) -> float:
             start = time.perf_counter()
@@ -85,6 +89,33 @@ async def _upstream(engine_args: dict[str, Any]) -> tuple[float, float]:
         engine.shutdown()
 
 
+async def _async_llm_ttft(engine: Any, request_id: str) -> float:
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+    params = SamplingParams(
+        max_tokens=8, temperature=0.0, output_kind=RequestOutputKind.DELTA
+    )
+    start = time.perf_counter()
+    stream = engine.generate(PROMPT, params, request_id)
+    async for output in stream:
+        if output.outputs[0].text:
+            elapsed = time.perf_counter() - start
+            await stream.aclose()
+            return elapsed
+    raise RuntimeError("no text")
+
+
+async def _omni_ttft(engine: Any, request_id: str) -> float:
+    start = time.perf_counter()
+    stream = engine.generate(PROMPT, request_id=request_id, params={"max_tokens": 8})
+    async for output in stream:
+        if output.text_delta:
+            elapsed = time.perf_counter() - start
+            await stream.aclose()
+            return elapsed
+    raise RuntimeError("no text")
+
+
 async def _ours(pipeline: Path) -> tuple[float, float]:
     from vllm_omni.entrypoints.async_omni import AsyncOmni
     from vllm_omni.errors import OmniClientError
@@ -93,16 +124,7 @@ async def _ours(pipeline: Path) -> tuple[float, float]:
     try:
 
         async def ttft(i: int) -> float:
-            start = time.perf_counter()
-            stream = engine.generate(
-                PROMPT, request_id=f"ttft-{i}", params={"max_tokens": 8}
-            )
-            async for output in stream:
-                if output.text_delta:
-                    elapsed = time.perf_counter() - start
-                    await stream.aclose()  # type: ignore[attr-defined]
-                    return elapsed
-            raise RuntimeError("no text")
+            return await _omni_ttft(engine, f"ttft-{i}")
 
         async def error(i: int) -> float:
             start = time.perf_counter()
@@ -120,6 +142,62 @@ async def _ours(pipeline: Path) -> tuple[float, float]:
         engine.shutdown()
 
 
+async def _interleaved(
+    ttft: Callable[[Any, str], Awaitable[float]], engines: dict[str, Any]
+) -> tuple[float, float]:
+    """Median TTFT of the ``on`` and the ``off`` engine, measured in turn
+    (which goes first alternates), after one warm-up each."""
+    for name, engine in engines.items():
+        await ttft(engine, f"warm-{name}")
+    times: dict[str, list[float]] = {"on": [], "off": []}
+    for i in range(METRICS_ROUNDS):
+        for name in ("on", "off") if i % 2 == 0 else ("off", "on"):
+            times[name].append(await ttft(engines[name], f"{name}-{i}"))
+    return statistics.median(times["on"]), statistics.median(times["off"])
+
+
+async def _upstream_metrics_cost(engine_args: dict[str, Any]) -> tuple[float, float]:
+    """``AsyncLLM`` with its stats on (in-process registry) and off."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    engines = {}
+    try:
+        for name, disabled in (("on", False), ("off", True)):
+            args = AsyncEngineArgs(**engine_args, disable_log_stats=disabled)
+            engines[name] = AsyncLLM.from_engine_args(args)
+        return await _interleaved(_async_llm_ttft, engines)
+    finally:
+        for engine in engines.values():
+            engine.shutdown()
+
+
+async def _metrics_cost(on: Path, off: Path) -> tuple[float, float, float]:
+    """Our engines with the engine's metrics on and off, and the median time
+    to collect the stages' families for one scrape."""
+    from vllm_omni.engine.stage_metrics import STAGE_METRICS
+    from vllm_omni.entrypoints.async_omni import AsyncOmni
+
+    engines = {}
+    try:
+        for name, pipeline in (("on", on), ("off", off)):
+            engines[name] = await AsyncOmni.create(
+                pipeline=str(pipeline), startup_timeout_s=600
+            )
+        on_ttft, off_ttft = await _interleaved(_omni_ttft, engines)
+        scrapes = []
+        for _ in range(ROUNDS):
+            start = time.perf_counter()
+            families = list(STAGE_METRICS.collect())
+            scrapes.append(time.perf_counter() - start)
+        if not families:
+            raise RuntimeError("no engine families to collect")
+        return on_ttft, off_ttft, statistics.median(scrapes)
+    finally:
+        for engine in engines.values():
+            engine.shutdown()
+
+
 def run() -> list[dict[str, object]]:
     import yaml
 
@@ -134,6 +212,9 @@ def run() -> list[dict[str, object]]:
         engine_args = vllm_stage["options"]["engine_args"]
         up_ttft, up_error = asyncio.run(_upstream(engine_args))
         our_ttft, our_error = asyncio.run(_ours(pipeline))
+        off = write_tiny_pipeline(Path(tmp) / "off", model, disable_log_stats=True)
+        on_ttft, off_ttft, scrape = asyncio.run(_metrics_cost(pipeline, off))
+        up_on_ttft, up_off_ttft = asyncio.run(_upstream_metrics_cost(engine_args))
     return [
         {
             "benchmark": "real engine: time to first token",
@@ -149,15 +230,38 @@ def run() -> list[dict[str, object]]:
             "ratio": round(our_error / up_error, 3),
             "unit": "ms",
         },
+        {
+            "benchmark": "real engine: TTFT, engine metrics on vs off",
+            "ours": on_ttft * 1e3,
+            "baseline": off_ttft * 1e3,
+            "ratio": round(on_ttft / off_ttft, 3),
+            "unit": "ms",
+        },
+        {
+            "benchmark": "real engine: TTFT, AsyncLLM stats on vs off",
+            "ours": up_on_ttft * 1e3,
+            "baseline": up_off_ttft * 1e3,
+            "ratio": round(up_on_ttft / up_off_ttft, 3),
+            "unit": "ms",
+        },
+        {
+            "benchmark": "real engine: collect the stage's vllm: families",
+            "ours": scrape * 1e3,
+            "baseline": None,
+            "ratio": None,
+            "unit": "ms",
+        },
     ]
 
 
 def main() -> int:
-    print(f"{'benchmark':<54} {'ours ms':>8} {'AsyncLLM ms':>12} {'ratio':>6}")
+    print(f"{'benchmark':<54} {'ours ms':>8} {'baseline ms':>12} {'ratio':>6}")
     for row in run():
+        baseline, ratio = row["baseline"], row["ratio"]
         print(
             f"{row['benchmark']:<54} {row['ours']:>8.2f} "
-            f"{row['baseline']:>12.2f} {row['ratio']:>6.2f}"
+            f"{'–' if baseline is None else f'{baseline:.2f}':>12} "
+            f"{'–' if ratio is None else f'{ratio:.2f}':>6}"
         )
     return 0
 
