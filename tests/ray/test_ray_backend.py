@@ -1,6 +1,10 @@
 """The Ray backend in process: stages as actors on a real local Ray.
 
-One Ray instance (127.0.0.1) and one Ray engine per module. The same pipeline
+One Ray instance (127.0.0.1) and one Ray engine per module. The tests that
+start engines of their own come first: the offline one blocks this thread,
+and with it the loop of the module's engines, for half a minute or more on a
+loaded host, and a Ray stage gives up on an orchestrator silent for twice
+its heartbeat timeout. The same pipeline
 also runs on ``multi_process`` so a stage's record can be compared field by
 field across backends. Drills: a stage raising client and server errors, a
 stage actor's worker stopped (SIGSTOP) and the instance's GCS stopped at
@@ -77,104 +81,6 @@ async def engines(local_ray: None) -> AsyncIterator[dict[str, AsyncOmni]]:
     finally:
         for engine in pair.values():
             engine.shutdown()
-
-
-def _actor(engine: AsyncOmni, stage_id: int) -> ray.actor.ActorHandle:
-    namespace = engine._orchestrator._launcher.namespace  # type: ignore[union-attr]
-    return ray.get_actor(f"omni-stage-{stage_id}", namespace=namespace)
-
-
-async def test_each_stage_is_a_ray_actor(engines: dict[str, AsyncOmni]) -> None:
-    engine = engines["ray"]
-    assert engine.worker_backend == "ray" and engine.address.startswith(
-        "tcp://127.0.0.1:"
-    )
-    # The stage that answered Ready runs inside its actor's process (Ray
-    # titles it after the actor class and the method it runs).
-    titles = {
-        stage_id: " ".join(psutil.Process(pid).cmdline())
-        for stage_id, pid in engine.stage_pids().items()
-        if pid is not None
-    }
-    assert sorted(titles) == [0, 1, 2]
-    assert all(t.startswith("ray::_StageActor") for t in titles.values()), titles
-    named = ray.util.list_named_actors(all_namespaces=True)
-    namespace = engine._orchestrator._launcher.namespace  # type: ignore[union-attr]
-    assert sorted(a["name"] for a in named if a["namespace"] == namespace) == [
-        "omni-stage-0",
-        "omni-stage-1",
-        "omni-stage-2",
-    ]
-    outputs = await collect(
-        engine, "hello ray", request_id="ray-ok", modalities=["text", "audio"]
-    )
-    assert outputs[-1].text == "You said: hello ray"
-    assert outputs[-1].audio and outputs[-1].audio[:4] == b"RIFF"
-
-
-async def test_stage_actors_export_no_engine_metrics_for_reference_stages(
-    engines: dict[str, AsyncOmni],
-) -> None:
-    """Each actor answers the scrape's call with its registry's vllm:
-    families: none, the reference stages are not vLLM (a vllm stage's are
-    checked on the real engine, tests/real_engine/test_ray.py)."""
-    engine = engines["ray"]
-    for stage_id in (0, 1, 2):
-        call = _actor(engine, stage_id).metrics.options(concurrency_group="metrics")
-        assert await asyncio.to_thread(ray.get, call.remote(), timeout=10) == []
-    text = await asyncio.to_thread(local_text)
-    families = {family.name for family in text_string_to_metric_families(text)}
-    assert "vllm_omni:engine_dead" in families
-    assert not {name for name in families if name.startswith("vllm:")}
-
-
-async def _failure(engine: AsyncOmni, prompt: str, modalities: list[str]) -> Exception:
-    with pytest.raises(Exception) as caught:
-        await collect(engine, prompt, request_id="same-id", modalities=modalities)
-    return caught.value
-
-
-@pytest.mark.parametrize(
-    ("prompt", "modalities", "cls", "status", "error_type", "stage_id"),
-    [
-        ("x @invalid", ["text"], RemoteVLLMValidationError, 400, "BadRequestError", 0),
-        ("x @novoice", ["audio"], RemoteVLLMNotFoundError, 404, "NotFoundError", 1),
-        ("x @boom", ["text"], OmniEngineGenerateError, 500, "InternalServerError", 0),
-        ("x @secret", ["text"], OmniEngineGenerateError, 500, "InternalServerError", 0),
-        (
-            "x @unavailable",
-            ["audio"],
-            RemoteOmniServiceUnavailableError,
-            503,
-            "ServiceUnavailableError",
-            1,
-        ),
-    ],
-)
-async def test_stage_record_is_the_same_on_both_backends(
-    engines: dict[str, AsyncOmni],
-    prompt: str,
-    modalities: list[str],
-    cls: type[Exception],
-    status: int,
-    error_type: str,
-    stage_id: int,
-) -> None:
-    got = {
-        name: await _failure(engine, prompt, modalities)
-        for name, engine in engines.items()
-    }
-    ray_error, local_error = got["ray"], got["multi_process"]
-    assert type(ray_error) is cls and type(local_error) is cls
-    record: OmniErrorDetails = ray_error.details  # type: ignore[attr-defined]
-    assert (record.status_code, record.error_type, record.stage_id) == (
-        status,
-        error_type,
-        stage_id,
-    )
-    assert record == local_error.details  # type: ignore[attr-defined]
-    assert "hf_SECRET" not in record.message and "/home/alice" not in record.message
-    assert engines["ray"].is_running and not engines["ray"].errored
 
 
 async def test_placement_that_cannot_happen_is_a_startup_error(
@@ -286,6 +192,104 @@ def _generate_into(omni: Omni, sink: list[BaseException]) -> None:
         omni.generate("in flight @hang")
     except BaseException as exc:  # the drill checks which
         sink.append(exc)
+
+
+def _actor(engine: AsyncOmni, stage_id: int) -> ray.actor.ActorHandle:
+    namespace = engine._orchestrator._launcher.namespace  # type: ignore[union-attr]
+    return ray.get_actor(f"omni-stage-{stage_id}", namespace=namespace)
+
+
+async def test_each_stage_is_a_ray_actor(engines: dict[str, AsyncOmni]) -> None:
+    engine = engines["ray"]
+    assert engine.worker_backend == "ray" and engine.address.startswith(
+        "tcp://127.0.0.1:"
+    )
+    # The stage that answered Ready runs inside its actor's process (Ray
+    # titles it after the actor class and the method it runs).
+    titles = {
+        stage_id: " ".join(psutil.Process(pid).cmdline())
+        for stage_id, pid in engine.stage_pids().items()
+        if pid is not None
+    }
+    assert sorted(titles) == [0, 1, 2]
+    assert all(t.startswith("ray::_StageActor") for t in titles.values()), titles
+    named = ray.util.list_named_actors(all_namespaces=True)
+    namespace = engine._orchestrator._launcher.namespace  # type: ignore[union-attr]
+    assert sorted(a["name"] for a in named if a["namespace"] == namespace) == [
+        "omni-stage-0",
+        "omni-stage-1",
+        "omni-stage-2",
+    ]
+    outputs = await collect(
+        engine, "hello ray", request_id="ray-ok", modalities=["text", "audio"]
+    )
+    assert outputs[-1].text == "You said: hello ray"
+    assert outputs[-1].audio and outputs[-1].audio[:4] == b"RIFF"
+
+
+async def test_stage_actors_export_no_engine_metrics_for_reference_stages(
+    engines: dict[str, AsyncOmni],
+) -> None:
+    """Each actor answers the scrape's call with its registry's vllm:
+    families: none, the reference stages are not vLLM (a vllm stage's are
+    checked on the real engine, tests/real_engine/test_ray.py)."""
+    engine = engines["ray"]
+    for stage_id in (0, 1, 2):
+        call = _actor(engine, stage_id).metrics.options(concurrency_group="metrics")
+        assert await asyncio.to_thread(ray.get, call.remote(), timeout=10) == []
+    text = await asyncio.to_thread(local_text)
+    families = {family.name for family in text_string_to_metric_families(text)}
+    assert "vllm_omni:engine_dead" in families
+    assert not {name for name in families if name.startswith("vllm:")}
+
+
+async def _failure(engine: AsyncOmni, prompt: str, modalities: list[str]) -> Exception:
+    with pytest.raises(Exception) as caught:
+        await collect(engine, prompt, request_id="same-id", modalities=modalities)
+    return caught.value
+
+
+@pytest.mark.parametrize(
+    ("prompt", "modalities", "cls", "status", "error_type", "stage_id"),
+    [
+        ("x @invalid", ["text"], RemoteVLLMValidationError, 400, "BadRequestError", 0),
+        ("x @novoice", ["audio"], RemoteVLLMNotFoundError, 404, "NotFoundError", 1),
+        ("x @boom", ["text"], OmniEngineGenerateError, 500, "InternalServerError", 0),
+        ("x @secret", ["text"], OmniEngineGenerateError, 500, "InternalServerError", 0),
+        (
+            "x @unavailable",
+            ["audio"],
+            RemoteOmniServiceUnavailableError,
+            503,
+            "ServiceUnavailableError",
+            1,
+        ),
+    ],
+)
+async def test_stage_record_is_the_same_on_both_backends(
+    engines: dict[str, AsyncOmni],
+    prompt: str,
+    modalities: list[str],
+    cls: type[Exception],
+    status: int,
+    error_type: str,
+    stage_id: int,
+) -> None:
+    got = {
+        name: await _failure(engine, prompt, modalities)
+        for name, engine in engines.items()
+    }
+    ray_error, local_error = got["ray"], got["multi_process"]
+    assert type(ray_error) is cls and type(local_error) is cls
+    record: OmniErrorDetails = ray_error.details  # type: ignore[attr-defined]
+    assert (record.status_code, record.error_type, record.stage_id) == (
+        status,
+        error_type,
+        stage_id,
+    )
+    assert record == local_error.details  # type: ignore[attr-defined]
+    assert "hf_SECRET" not in record.message and "/home/alice" not in record.message
+    assert engines["ray"].is_running and not engines["ray"].errored
 
 
 async def _refused(engine: AsyncOmni, request_id: str, modalities: list[str]) -> bool:
