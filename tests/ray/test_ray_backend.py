@@ -49,7 +49,10 @@ from vllm_omni.errors import (
 )
 from vllm_omni.errors.details import OmniErrorDetails
 
-pytestmark = pytest.mark.timeout(120)
+# The first test on the module's engines also pays for starting them (a
+# local Ray instance and two engines): the budget covers that on a loaded
+# machine, as the default does.
+pytestmark = pytest.mark.timeout(300)
 
 PIPELINE = pipeline_from_mapping(drill_pipeline())
 
