@@ -30,7 +30,8 @@ Then the cost of the engine's metrics (issue 27), two ways:
   (``keep_in``, as our stages do) and ones in memory (as ``vllm serve`` with
   one API server does), in turn: the median time per engine step of each;
 
-and the time to collect a stage's families for one scrape (``STAGE_METRICS``).
+and the time to collect the stages' families for one scrape (``STAGE_METRICS``:
+the two engines with metrics on).
 
 Run it in the real-engine environment (built by ``requirements/cpu-engine.sh``)::
 
@@ -339,7 +340,7 @@ def run() -> list[dict[str, object]]:
             "unit": "ms",
         },
         {
-            "benchmark": "real engine: collect the stage's vllm: families",
+            "benchmark": "real engine: collect 2 stages' vllm: families",
             "ours": scrape * 1e3,
             "baseline": None,
             "ratio": None,
