@@ -41,9 +41,12 @@ MODEL = "omni-partition"
 FAR_STAGE = 1
 GENERIC = "The server had an error while processing your request."
 # The route of each kind of request: does it need the far host's talker?
+# Audio output always comes with its text (a chat body's modalities must
+# include "text", as OpenAI's do), so "audio" and "both" send the same
+# modalities: two kinds of traffic that need the talker.
 MODALITIES: dict[str, list[str]] = {
     "text": ["text"],
-    "audio": ["audio"],
+    "audio": ["text", "audio"],
     "both": ["text", "audio"],
 }
 STOPPED = f"Stage {FAR_STAGE} (talker) stopped answering."
