@@ -193,15 +193,18 @@ class OmniServer:
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited early:\n{self.log()[-3000:]}")
-            try:
-                if httpx.get(self.base_url + "/health", timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+        # One client for every poll: a new one loads the CA bundle each time,
+        # which costs a busy machine tens of milliseconds per poll.
+        with httpx.Client(timeout=1.0) as client:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"server exited early:\n{self.log()[-3000:]}")
+                try:
+                    if client.get(self.base_url + "/health").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.2)
         raise RuntimeError(f"server not ready:\n{self.log()[-3000:]}")
 
     def log(self) -> str:

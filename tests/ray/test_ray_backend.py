@@ -28,8 +28,10 @@ import psutil
 import pytest
 import pytest_asyncio
 import ray
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.engine.engines import collect, stage_active, wait_for
+from tests.prom import local_text
 from tests.ray.drills import FAST_FAILURE_DETECTION, drill_pipeline, ping, stopped
 from vllm_omni.config import pipeline_from_mapping
 from vllm_omni.engine.orchestrator import StageStartupError
@@ -225,6 +227,22 @@ async def test_each_stage_is_a_ray_actor(engines: dict[str, AsyncOmni]) -> None:
     assert outputs[-1].audio and outputs[-1].audio[:4] == b"RIFF"
 
 
+async def test_stage_actors_export_no_engine_metrics_for_reference_stages(
+    engines: dict[str, AsyncOmni],
+) -> None:
+    """Each actor answers the scrape's call with its registry's vllm:
+    families: none, the reference stages are not vLLM (a vllm stage's are
+    checked on the real engine, tests/real_engine/test_ray.py)."""
+    engine = engines["ray"]
+    for stage_id in (0, 1, 2):
+        call = _actor(engine, stage_id).metrics.options(concurrency_group="metrics")
+        assert await asyncio.to_thread(ray.get, call.remote(), timeout=10) == []
+    text = await asyncio.to_thread(local_text)
+    families = {family.name for family in text_string_to_metric_families(text)}
+    assert "vllm_omni:engine_dead" in families
+    assert not {name for name in families if name.startswith("vllm:")}
+
+
 async def _failure(engine: AsyncOmni, prompt: str, modalities: list[str]) -> Exception:
     with pytest.raises(Exception) as caught:
         await collect(engine, prompt, request_id="same-id", modalities=modalities)
@@ -300,6 +318,10 @@ async def test_a_silent_stage_times_out_its_requests_and_refuses_new_ones(
         # A request that does not need the silent stage is served.
         text = await collect(engine, "just text", request_id="s3")
         assert text[-1].text == "You said: just text"
+        # A scrape waits for the silent actor's metrics a bounded time only.
+        started = time.monotonic()
+        await asyncio.to_thread(local_text)
+        assert time.monotonic() - started < 4.0
     for error, status, error_type in (
         (timed_out.value, 504, "GatewayTimeoutError"),
         (refused.value, 503, "ServiceUnavailableError"),

@@ -36,6 +36,10 @@ into results or exceptions:
   bounds what it holds), so a send either reaches the stage's pipe or fails
   its request with a canonical error.
 
+Each local stage process keeps its engine's metrics in a directory of its
+own under one directory per engine (``stage_metrics``), which this module
+creates, puts on ``/metrics`` and removes when it shuts down.
+
 Stages run as local processes unless a ``StageLauncher`` is given (the Ray
 backend, ``ray_backend.py``): it then starts the stages, over ``tcp://``,
 and reports their exits (this module only marks the engine dead) and what
@@ -82,6 +86,7 @@ from vllm_omni.config import HEARTBEAT_INTERVAL_S, PipelineConfig, StageConfig
 from vllm_omni.engine import liveness, processes
 from vllm_omni.engine import messages as m
 from vllm_omni.engine.processes import LauncherError, Lease, StageProcess
+from vllm_omni.engine.stage_metrics import STAGE_METRICS, StageDirectories
 from vllm_omni.engine.stage_worker import WorkerSpec, stage_identity
 from vllm_omni.errors import (
     OmniConflictError,
@@ -282,15 +287,23 @@ def _read_by(kinds: tuple[str, ...]) -> frozenset[str]:
     return frozenset().union(*(stage_params(kind) for kind in kinds))
 
 
-def _reap(processes: list[StageProcess], lease: Lease, ipc_dir: str | None) -> None:
+def _reap(
+    processes: list[StageProcess],
+    lease: Lease,
+    ipc_dir: str | None,
+    metrics: StageDirectories,
+) -> None:
     """Last resort (GC, interpreter exit): no stage outlives its engine; the
-    launcher closes with its last lease."""
+    launcher closes with its last lease. Also the end of every shutdown: the
+    stages' metrics leave ``/metrics`` and their files the disk."""
     for process in processes:
         with contextlib.suppress(Exception):
             if process.is_alive():
                 process.kill()
                 process.join(1.0)
     lease.release()
+    STAGE_METRICS.remove(metrics)
+    shutil.rmtree(metrics.root, ignore_errors=True)
     if ipc_dir is not None:
         shutil.rmtree(ipc_dir, ignore_errors=True)
 
@@ -477,7 +490,11 @@ class Orchestrator:
         the launcher to import vLLM)."""
         lease = processes.acquire()
         started: list[StageProcess] = []
-        self._finalizer = weakref.finalize(self, _reap, started, lease, self._ipc_dir)
+        metrics = StageDirectories(tempfile.mkdtemp(prefix="vllm-omni-metrics-"))
+        self._finalizer = weakref.finalize(
+            self, _reap, started, lease, self._ipc_dir, metrics
+        )
+        STAGE_METRICS.add(metrics)
         level, tracebacks = _stage_log_settings()
         for handle in self._handles.values():
             if handle.config.remote:
@@ -489,6 +506,7 @@ class Orchestrator:
                 orchestrator_pid=os.getpid(),
                 log_level=level,
                 log_tracebacks=tracebacks,
+                metrics_dir=metrics.directory(handle.config.id),
             )
             name = f"omni-stage-{handle.config.id}-{handle.config.name}"
             try:
@@ -497,6 +515,7 @@ class Orchestrator:
                 raise StageStartupError(handle.config, str(exc)) from None
             handle.process = process
             started.append(process)
+            metrics.add(handle.config.id, process.is_alive)
 
     def shutdown(self, timeout_s: float = 3.0) -> None:
         """Stop every stage and release sockets; idempotent. Call it from the

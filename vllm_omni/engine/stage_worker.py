@@ -69,6 +69,7 @@ from vllm_omni.config import (
 from vllm_omni.engine import liveness
 from vllm_omni.engine import messages as m
 from vllm_omni.engine.faults import apply_fault, matching_fault
+from vllm_omni.engine.stage_metrics import keep_in
 from vllm_omni.errors import OmniServiceUnavailableError, fatal_reason, normalize
 from vllm_omni.errors.logs import install_log_redaction
 from vllm_omni.errors.sanitize import warm_rule_set
@@ -118,6 +119,8 @@ class WorkerSpec:
     # What the engine's process would show for ``vllm_omni.stage``.
     log_level: int = logging.INFO
     log_tracebacks: bool = True
+    # Local stages: where this process keeps its metrics (``stage_metrics``).
+    metrics_dir: str | None = None
 
 
 @dataclasses.dataclass(slots=True)
@@ -485,6 +488,8 @@ def run_stage_process(spec: WorkerSpec) -> None:
     # the whole process group and must not kill stages under a live engine.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     configure_logging(spec.stage.id, spec.log_level, spec.log_tracebacks)
+    if spec.metrics_dir is not None:
+        keep_in(spec.metrics_dir)  # before the engine creates its metrics
     warm_rule_set()  # the first failure's record must not wait for it
     code = _serve(spec)
     sys.stdout.flush()

@@ -2,7 +2,8 @@
 
 ``build_app`` assembles the FastAPI app: routers (each behind the API-key
 dependency and the check that all client text is Unicode), the error
-boundary, and the Prometheus instrumentator mounted the way vLLM mounts it.
+boundary, the Prometheus instrumentator mounted the way vLLM mounts it, and
+``/openapi.json`` narrowed to the engine's pipeline (``openapi.served``).
 ``init_app_state`` hangs the engine client and the job store on
 ``app.state``. ``run_server`` serves a started engine with uvicorn, and shuts
 everything down in order.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import importlib
 import logging
 import signal
@@ -33,6 +35,7 @@ from vllm_omni.entrypoints.openai.auth import (
     require_api_key,
 )
 from vllm_omni.entrypoints.openai.limits import RequestLimits
+from vllm_omni.entrypoints.openai.openapi import prepare, served
 from vllm_omni.entrypoints.openai.unicode import require_unicode
 from vllm_omni.errors.fastapi import install_error_handling
 from vllm_omni.errors.openapi import ERROR_RESPONSES
@@ -121,6 +124,7 @@ def build_app(args: argparse.Namespace) -> FastAPI:
     Instrumentator(excluded_handlers=_UNMETERED).instrument(app).expose(
         app, response_class=_PrometheusResponse, include_in_schema=False
     )
+    app.openapi = functools.partial(served, app)  # type: ignore[method-assign]
     return app
 
 
@@ -135,6 +139,7 @@ async def init_app_state(
     app.state.engine_client = engine
     app.state.args = args
     await _run_hooks(app, "init_state", args)
+    prepare(app)
 
 
 async def run_server(args: argparse.Namespace, engine: AsyncOmni) -> int:
