@@ -4,13 +4,13 @@ the checks run on what they saw.
 Both drill modules (``tests/e2e/test_partitions.py``, a ``remote: true``
 stage over ``tcp://``; ``tests/ray/test_ray_partitions.py``, a Ray worker
 node) serve the same pipeline shape: a thinker (text) near the server, a
-talker on the far host, a vocoder near the server. So a text request never
-needs the far host, an audio request starts there, and a text+audio request
-moves on to it from the thinker. Each request goes through the official
-OpenAI SDK (SSE through httpx, to see the raw events) and leaves one
-``Outcome``: what the client got, when, and everything it could read (for
-the leak scan). ``Traffic`` keeps such requests going from a few threads
-while a link is cut, healed or flapping.
+talker on the far host, a vocoder near the server. So a text chat never
+needs the far host, a speech request (``/v1/audio/speech``) starts there,
+and a chat with text and audio moves on to it from the thinker. Each
+request goes through the official OpenAI SDK (SSE through httpx, to see the
+raw events) and leaves one ``Outcome``: what the client got, when, and
+everything it could read (for the leak scan). ``Traffic`` keeps such
+requests going from a few threads while a link is cut, healed or flapping.
 
 The drills themselves are written once, here, against a ``Deployment`` (the
 servers, the link to cut, the far host and what the backend must not leak);
@@ -37,18 +37,14 @@ from tests.e2e.omni_server import OmniServer
 from tests.e2e.servers import metric_samples, sample_delta
 
 CHAT = "/v1/chat/completions"
+SPEECH = "/v1/audio/speech"
 MODEL = "omni-partition"
 FAR_STAGE = 1
 GENERIC = "The server had an error while processing your request."
-# The route of each kind of request: does it need the far host's talker?
-# Audio output always comes with its text (a chat body's modalities must
-# include "text", as OpenAI's do), so "audio" and "both" send the same
-# modalities: two kinds of traffic that need the talker.
-MODALITIES: dict[str, list[str]] = {
-    "text": ["text"],
-    "audio": ["text", "audio"],
-    "both": ["text", "audio"],
-}
+# The chat modalities of each kind of chat: "text" never needs the far
+# host's talker, "both" moves on to it from the thinker. The third kind,
+# "audio", is a speech request: it starts at the talker.
+MODALITIES: dict[str, list[str]] = {"text": ["text"], "both": ["text", "audio"]}
 STOPPED = f"Stage {FAR_STAGE} (talker) stopped answering."
 NOT_ANSWERING = f"Stage {FAR_STAGE} (talker) is not answering; retry later."
 
@@ -80,6 +76,8 @@ class Outcome:
 
     kind: str
     sent: float
+    # The route, as ``http_requests_total`` labels it.
+    handler: str = CHAT
     done: float = 0.0
     # 0: no response at all (the connection failed or timed out).
     status: int = 0
@@ -101,27 +99,21 @@ class Outcome:
         return self.error.get("stage_id") if self.error else None
 
 
-def chat(client: openai.OpenAI, prompt: str, kind: str) -> Outcome:
-    """One chat completion through the SDK (no retries)."""
-    outcome = Outcome(kind, time.monotonic())
+def ask(client: openai.OpenAI, prompt: str, kind: str) -> Outcome:
+    """One request of ``kind`` through the SDK (no retries): a chat, or for
+    ``audio`` a speech request."""
+    outcome = Outcome(kind, time.monotonic(), SPEECH if kind == "audio" else CHAT)
     try:
-        raw = client.chat.completions.with_raw_response.create(
-            model=MODEL,
-            messages=[{"role": "user", "content": prompt}],
-            modalities=MODALITIES[kind],  # type: ignore[arg-type]
-        )
-        outcome.status = raw.status_code
-        body = json.loads(raw.text)
-        for choice in body["choices"]:
-            if choice["message"].get("audio"):
-                # Base64 WAV: any short marker occurs in it by chance.
-                choice["message"]["audio"]["data"] = "<audio>"
-        outcome.seen = json.dumps(body) + json.dumps(dict(raw.headers))
-        message = raw.parse().choices[0].message
-        if "text" in MODALITIES[kind]:
-            assert message.content == f"You said: {prompt}", message
-        if "audio" in MODALITIES[kind]:
-            assert message.audio is not None and message.audio.data, message
+        if kind == "audio":
+            speech = client.audio.speech.with_raw_response.create(
+                model=MODEL, voice="alloy", input=prompt
+            )
+            outcome.status = speech.status_code
+            # The body is WAV: only the headers are text a client reads.
+            outcome.seen = json.dumps(dict(speech.headers))
+            assert speech.content[:4] == b"RIFF", speech.content[:16]
+        else:
+            _chat(client, prompt, kind, outcome)
     except openai.APIStatusError as exc:
         outcome.status = exc.status_code
         outcome.error = exc.response.json()["error"]
@@ -131,6 +123,25 @@ def chat(client: openai.OpenAI, prompt: str, kind: str) -> Outcome:
         outcome.seen = repr(exc)
     outcome.done = time.monotonic()
     return outcome
+
+
+def _chat(client: openai.OpenAI, prompt: str, kind: str, outcome: Outcome) -> None:
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": prompt}],
+        modalities=MODALITIES[kind],  # type: ignore[arg-type]
+    )
+    outcome.status = raw.status_code
+    body = json.loads(raw.text)
+    for choice in body["choices"]:
+        if choice["message"].get("audio"):
+            # Base64 WAV: any short marker occurs in it by chance.
+            choice["message"]["audio"]["data"] = "<audio>"
+    outcome.seen = json.dumps(body) + json.dumps(dict(raw.headers))
+    message = raw.parse().choices[0].message
+    assert message.content == f"You said: {prompt}", message
+    if "audio" in MODALITIES[kind]:
+        assert message.audio is not None and message.audio.data, message
 
 
 def stream(base_url: str, prompt: str, kind: str, sink: list[Outcome]) -> Outcome:
@@ -185,7 +196,7 @@ class Traffic:
         try:
             while not self._stop.is_set():
                 n += 1
-                self.outcomes.append(chat(self._client, f"{kind} {n}", kind))
+                self.outcomes.append(ask(self._client, f"{kind} {n}", kind))
                 self._stop.wait(0.05)
         except BaseException as exc:  # raised again in the test's thread
             self.failures.append(exc)
@@ -202,18 +213,6 @@ class Traffic:
         assert not any(t.is_alive() for t in self._threads), "a request never ended"
         if self.failures:
             raise self.failures[0]
-
-
-def until_served(client: openai.OpenAI, kind: str, *, within_s: float) -> Outcome:
-    """Retry as a client should (after each 503's ``Retry-After``) until the
-    request is served; the served outcome."""
-    deadline = time.monotonic() + within_s
-    while True:
-        outcome = chat(client, f"back {kind}", kind)
-        if outcome.status == 200:
-            return outcome
-        assert outcome.status == 503 and time.monotonic() < deadline, outcome
-        time.sleep(float(outcome.retry_after or 1))
 
 
 def check_silent_stage_outcome(outcome: Outcome) -> None:
@@ -259,25 +258,29 @@ def metrics_settled(base_url: str, before: Samples, requests: int) -> Samples:
     deadline = time.monotonic() + 10
     while True:
         after = metric_samples(base_url)
-        if (
-            sample_delta(before, after, "http_requests_total", handler=CHAT) >= requests
-            or time.monotonic() > deadline
-        ):
+        counted = sum(
+            sample_delta(before, after, "http_requests_total", handler=handler)
+            for handler in (CHAT, SPEECH)
+        )
+        if counted >= requests or time.monotonic() > deadline:
             return after
 
 
 def check_metrics(before: Samples, after: Samples, outcomes: list[Outcome]) -> None:
     """``http_requests_total`` and ``vllm_omni:errors_total`` grew by exactly
-    what the clients saw: per status group, and per transport, type and code
-    for each error (a stream's error event counts as ``sse``)."""
-    statuses = collections.Counter(f"{o.status // 100}xx" for o in outcomes)
+    what the clients saw: per route and status group, and per transport,
+    type and code for each error (a stream's error event counts as ``sse``)."""
+    statuses = collections.Counter(
+        (o.handler, f"{o.status // 100}xx") for o in outcomes
+    )
     counted = {
-        group: sample_delta(
-            before, after, "http_requests_total", handler=CHAT, status=group
+        (handler, group): sample_delta(
+            before, after, "http_requests_total", handler=handler, status=group
         )
+        for handler in (CHAT, SPEECH)
         for group in ("2xx", "4xx", "5xx")
     }
-    assert counted == {g: float(statuses.get(g, 0)) for g in counted}
+    assert counted == {key: float(statuses.get(key, 0)) for key in counted}
     errors = collections.Counter(
         ("sse" if o.events else "http", o.error["type"], str(o.code))
         for o in outcomes
@@ -344,7 +347,7 @@ def _check_served_throughout(deployment: Deployment, far_pids: list[int]) -> Non
 
 def _hold(client: openai.OpenAI, prompt: str, kind: str, sink: list[Outcome]) -> Any:
     """A request in a thread (a hang fault holds it in its stage)."""
-    thread = threading.Thread(target=lambda: sink.append(chat(client, prompt, kind)))
+    thread = threading.Thread(target=lambda: sink.append(ask(client, prompt, kind)))
     thread.start()
     return thread
 
@@ -373,7 +376,7 @@ def _until_served(client: openai.OpenAI) -> list[Outcome]:
         assert time.monotonic() < deadline, outcomes
         if outcomes:
             time.sleep(float(outcomes[-1].retry_after or 1))
-        outcomes.append(chat(client, "back again", "audio"))
+        outcomes.append(ask(client, "back again", "audio"))
     return outcomes
 
 
@@ -523,7 +526,7 @@ def long_partition(deployment: Deployment) -> tuple[float, dict[str, float]]:
     assert "engine dead: stage 1 (talker) failed fatally: " in main.log()
     health = httpx.get(alive.base_url + "/health")
     assert health.status_code == 503
-    after_death = chat(deployment.client("alive"), "anyone?", "text")
+    after_death = ask(deployment.client("alive"), "anyone?", "text")
     assert (after_death.status, after_death.stage_id) == (500, FAR_STAGE)
     assert alive.proc.poll() is None
     outcomes = [

@@ -50,7 +50,7 @@ from tests.partition_drills import (
     ORCHESTRATOR_TIMEOUT_S,
     SILENCE_TIMEOUT_S,
     Deployment,
-    chat,
+    ask,
     cut_mid_stream,
     flapping_link,
     long_partition,
@@ -208,7 +208,7 @@ def test_the_talkers_run_on_the_far_node(deployment: Deployment) -> None:
     for name in ("main", "alive"):
         [pid] = deployment.far_stage_pids(name)
         assert _title(pid).startswith("ray::_StageActor")
-    assert chat(deployment.client(), "over the link", "both").status == 200
+    assert ask(deployment.client(), "over the link", "both").status == 200
 
 
 def test_a_short_partition_is_504_and_503_then_the_stage_serves_again(

@@ -277,12 +277,14 @@ class AsyncOmni:
           failure, the semantic 501/503/504 class or ``OmniServerError`` for
           other server errors a stage raised;
         - ``OmniStageTimeoutError`` (504, ``stage_id``) when a stage misses
-          its deadline, or (Ray backend) stops answering its probe while the
-          request is there; the request is aborted in every stage;
-        - on the Ray backend, ``OmniServiceUnavailableError`` (503,
-          ``stage_id``, retryable) when a stage the request needs does not
-          answer its probe, or the cluster's GCS does not answer (the
-          ``stage_id`` of the request's first stage).
+          its deadline, or a stage on another host (remote, or a Ray actor)
+          falls silent while the request is there (no heartbeat for
+          ``silence_timeout_s``, or its Ray probe unanswered); the request
+          is aborted in every stage;
+        - ``OmniServiceUnavailableError`` (503, ``stage_id``, retryable) when
+          a stage the request needs is silent, or, on the Ray backend, the
+          cluster's GCS does not answer (the ``stage_id`` of the request's
+          first stage).
 
         Every exception carries ``.details``, the record the server would
         render (with this ``request_id``), and survives ``pickle``.
