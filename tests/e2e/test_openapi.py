@@ -108,6 +108,13 @@ def test_what_the_document_does_not_admit_is_a_400(
     assert error.get("stage_id") is None
 
 
+def test_modalities_without_text_say_what_is_missing(omni_server: OmniServer) -> None:
+    """The message names what the list must hold, not the schema's shape."""
+    response = _post(omni_server, CHAT, {"messages": HI, "modalities": ["audio"]})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["message"] == "modalities must include 'text'"
+
+
 def test_stage_domains_are_still_the_stages(omni_server: OmniServer) -> None:
     """A value of the right type outside a stage's domain is that stage's 400,
     with its ``stage_id``; the document states the domain too."""

@@ -531,7 +531,8 @@ def _narrow_chat(doc: Schema, pipeline: _Pipeline) -> None:
             {
                 "type": "array",
                 "items": {"enum": modalities},
-                "anyOf": [{"maxItems": 0}, {"contains": {"const": "text"}}],
+                "if": {"minItems": 1},
+                "then": {"contains": {"const": "text"}},
             },
         ),
         "audio": lambda s: _like(s, audio_options),
@@ -715,6 +716,8 @@ class _Served:
     engine: AsyncOmni
     document: Schema
     validators: dict[tuple[str, str], jsonschema_rs.Validator]
+    # The schema each validator checks (errors name their place in it).
+    roots: dict[tuple[str, str], Schema]
     # Pattern → what it means, for messages.
     formats: dict[str, str]
 
@@ -735,13 +738,15 @@ def _narrowed(app: FastAPI, engine: AsyncOmni) -> _Served:
         stage_domains = route == "videos"
         _NARROW[route](checked, replace(pipeline, stage_domains=stage_domains))
     validators = {}
+    roots = {}
     for route, media_type in _CHECKED:
         if route not in routes:
             continue
         body = _operation(checked, route)["requestBody"]["content"][media_type]
         root = {**body["schema"], "components": checked["components"]}
         validators[route, media_type] = jsonschema_rs.Draft202012Validator(root)
-    return _Served(engine, document, validators, _formats(document))
+        roots[route, media_type] = root
+    return _Served(engine, document, validators, roots, _formats(document))
 
 
 def _formats(document: Schema) -> dict[str, str]:
@@ -814,7 +819,12 @@ async def check_body(
     current = _served(conn.app)
     if current is None:
         raise RuntimeError("check_body needs the app's engine")
-    error = _first_error(current.validators[route, media_type], body, current.formats)
+    error = _first_error(
+        current.validators[route, media_type],
+        current.roots[route, media_type],
+        body,
+        current.formats,
+    )
     if error is not None:
         raise error
 
@@ -823,18 +833,22 @@ def wrong_json_type(model: type[BaseModel], data: Any) -> VLLMValidationError | 
     """The 400 naming the first field of ``data`` that ``model``'s own JSON
     schema does not admit, if any: for upstream's before-validators, which
     read raw fields before pydantic checks their types."""
-    validator = _model_validators.get(model)
-    if validator is None:
-        validator = jsonschema_rs.Draft202012Validator(model.model_json_schema())
-        _model_validators[model] = validator
-    return _first_error(validator, data, {})
+    checker = _model_validators.get(model)
+    if checker is None:
+        schema = model.model_json_schema()
+        checker = (jsonschema_rs.Draft202012Validator(schema), schema)
+        _model_validators[model] = checker
+    return _first_error(*checker, data, {})
 
 
-_model_validators: dict[type[BaseModel], jsonschema_rs.Validator] = {}
+_model_validators: dict[type[BaseModel], tuple[jsonschema_rs.Validator, Schema]] = {}
 
 
 def _first_error(
-    validator: jsonschema_rs.Validator, body: Any, formats: Mapping[str, str]
+    validator: jsonschema_rs.Validator,
+    root: Schema,
+    body: Any,
+    formats: Mapping[str, str],
 ) -> VLLMValidationError | None:
     error = next(iter(validator.iter_errors(body)), None)
     if error is None:
@@ -845,7 +859,7 @@ def _first_error(
     if name is not None:
         path.append(name)
     parameter = _parameter(path)
-    reason = _reason(error.kind, formats)
+    reason = _reason(error.kind, formats, _at(root, error.schema_path))
     return VLLMValidationError(
         f"{parameter} {reason}" if parameter else f"The request {reason}",
         parameter=parameter or None,
@@ -891,7 +905,19 @@ def _parameter(path: Iterable[str | int]) -> str:
     return text
 
 
-def _reason(kind: Any, formats: Mapping[str, str]) -> str:
+def _at(root: Schema, path: Iterable[str | int]) -> Any:
+    """The schema at ``path`` in ``root`` (an error's ``schema_path``, with
+    references already followed), or None where the path leaves it."""
+    node: Any = root
+    for step in path:
+        try:
+            node = node[step]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return node
+
+
+def _reason(kind: Any, formats: Mapping[str, str], schema: Any = None) -> str:
     """What is wrong, in the schema's words: never the rejected value."""
     kinds = jsonschema_rs.ValidationErrorKind
     if isinstance(kind, kinds.Type):
@@ -922,6 +948,9 @@ def _reason(kind: Any, formats: Mapping[str, str]) -> str:
     if isinstance(kind, kinds.AdditionalProperties | kinds.FalseSchema):
         return "is not accepted here"
     if isinstance(kind, kinds.Contains):
+        # ``schema`` is what one item must be.
+        if isinstance(schema, dict) and "const" in schema:
+            return f"must include {_json(schema['const'])}"
         return "must contain an accepted item"
     if isinstance(kind, kinds.AnyOf | kinds.OneOfNotValid):
         # Every form failed at the value's type (else a deeper error is named).
