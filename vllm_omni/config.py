@@ -8,8 +8,12 @@ for ``vllm-omni serve`` before it imports vLLM: it raises the light
 ``PipelineConfigError`` (``file:line:column`` for YAML errors, the key path
 for schema errors) and skips what needs vLLM (building fault exceptions).
 It must not start processes, import stage implementations or touch the
-network: the orchestrator and the stage workers read the result. Importing it
-must stay cheap (no vLLM): the exception classes are imported when needed.
+network: the orchestrator and the stage workers read the result. It sits
+below the engine and imports nothing of it (the engine's ``faults`` reads
+``FaultConfig``, never the other way): the exception class a ``raise`` fault
+names is resolved here (``resolve_exception``, ``FaultConfig.build_exception``),
+because whether a file may name it is part of the schema. Importing it must
+stay cheap (no vLLM): the exception classes are imported when needed.
 
 Schema::
 
@@ -33,6 +37,15 @@ once (the engine-wide ``--max-num-queued-reqs`` still applies): a request
 handed to a full stage is refused with ``QueueOverflowError`` (503, with that
 ``stage_id``) and aborted in the stages it went through.
 
+Stages on other hosts (``remote: true``, started there with ``python -m
+vllm_omni.engine.stage_worker --connect tcp://HOST:PORT ...``) and how long
+a stage may stay silent (the engine's ``transport``/``host``/``port``,
+``heartbeat_timeout_s`` and ``silence_timeout_s`` arguments override these)::
+
+    orchestrator_address: tcp://10.0.0.1:5555  # bind tcp here (port 0: any)
+    silence_timeout_s: 3          # not heard from: 504 held, 503 needed
+    heartbeat_timeout_s: 10       # not heard from: the engine is dead
+
 Running the stages as Ray actors (``worker_backend: ray``; the engine's
 ``worker_backend``/``ray_address`` arguments and ``vllm-omni serve
 --worker-backend/--ray-address`` override these keys)::
@@ -51,7 +64,9 @@ Running the stages as Ray actors (``worker_backend: ray``; the engine's
 
 from __future__ import annotations
 
+import builtins
 import contextlib
+import importlib
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -63,8 +78,12 @@ import yaml
 
 __all__ = [
     "BUILTIN_PIPELINES",
+    "DEFAULT_HEARTBEAT_TIMEOUT_S",
     "DEFAULT_RAY_PROBE_INTERVAL_S",
     "DEFAULT_RAY_PROBE_TIMEOUT_S",
+    "DEFAULT_SILENCE_TIMEOUT_S",
+    "FAULT_EXCEPTION_MODULES",
+    "HEARTBEAT_INTERVAL_S",
     "FaultConfig",
     "PipelineConfig",
     "PipelineConfigError",
@@ -73,8 +92,10 @@ __all__ = [
     "StageKind",
     "WorkerBackend",
     "check_pipeline",
+    "liveness_settings",
     "load_pipeline",
     "pipeline_from_mapping",
+    "resolve_exception",
 ]
 
 StageKind = Literal["text", "talker", "vocoder", "image", "video", "guardrail", "vllm"]
@@ -103,6 +124,9 @@ _TOP_KEYS = {
     "ray_address",
     "stage_init_timeout_s",
     "ray",
+    "orchestrator_address",
+    "heartbeat_timeout_s",
+    "silence_timeout_s",
 }
 _RAY_KEYS = {"num_cpus", "num_gpus", "resources", "label_selector"}
 _RAY_PROBE_KEYS = {"probe_interval_s", "probe_timeout_s"}
@@ -111,6 +135,24 @@ _RAY_PROBE_KEYS = {"probe_interval_s", "probe_timeout_s"}
 # (about a millisecond) so that a loaded host does not pass for a stall.
 DEFAULT_RAY_PROBE_INTERVAL_S = 1.0
 DEFAULT_RAY_PROBE_TIMEOUT_S = 2.0
+# Stage and orchestrator each send a heartbeat this often on the wire. A stage
+# on another host (remote, or a Ray actor) not heard from for
+# ``silence_timeout_s`` is silent (504 for what it holds, 503 for what needs
+# it); for ``heartbeat_timeout_s``, dead. Three missed heartbeats make a
+# silence: one late heartbeat on a loaded host does not.
+HEARTBEAT_INTERVAL_S = 1.0
+DEFAULT_HEARTBEAT_TIMEOUT_S = 10.0
+DEFAULT_SILENCE_TIMEOUT_S = 3.0
+# The modules a ``raise`` fault may take its exception class from: only those
+# that own error types, so a pipeline file cannot name arbitrary code.
+FAULT_EXCEPTION_MODULES = (
+    "builtins",
+    "asyncio.exceptions",
+    "vllm.exceptions",
+    "vllm.v1.engine.exceptions",
+    "vllm_omni.errors",
+    "vllm_omni.errors.types",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +200,33 @@ class FaultConfig:
     args: tuple[Any, ...] = ()
     kwargs: Mapping[str, Any] = field(default_factory=dict)
 
+    def build_exception(self) -> BaseException:
+        """The exception a ``raise`` fault throws (a ``RuntimeError`` unless
+        it names one)."""
+        if self.exception is None:
+            return RuntimeError(f"injected fault {self.marker!r}")
+        return resolve_exception(self.exception)(*self.args, **dict(self.kwargs))
+
+
+def resolve_exception(name: str) -> type[BaseException]:
+    """The exception class ``"module:Name"`` (or a bare name) stands for;
+    ``LookupError`` unless it is one from the modules that own error types
+    (imported here, on first use: they import vLLM)."""
+    module_name, _, attr = name.rpartition(":")
+    candidates = [module_name] if module_name else ["vllm_omni.errors", "builtins"]
+    for candidate in candidates:
+        if candidate not in FAULT_EXCEPTION_MODULES:
+            break
+        module = (
+            builtins if candidate == "builtins" else importlib.import_module(candidate)
+        )
+        value = getattr(module, attr, None)
+        if isinstance(value, type) and issubclass(value, BaseException):
+            return value
+    raise LookupError(
+        f"{name!r} is not an exception class of {', '.join(FAULT_EXCEPTION_MODULES)}"
+    )
+
 
 @dataclass(frozen=True, slots=True)
 class PipelineConfig:
@@ -173,6 +242,11 @@ class PipelineConfig:
     stage_init_timeout_s: float = 120.0
     ray_probe_interval_s: float = DEFAULT_RAY_PROBE_INTERVAL_S
     ray_probe_timeout_s: float = DEFAULT_RAY_PROBE_TIMEOUT_S
+    # Where the orchestrator binds tcp for stages on other hosts: (host, port).
+    orchestrator_address: tuple[str, int] | None = None
+    heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S
+    # As written (None: the default, see ``liveness_settings``).
+    silence_timeout_s: float | None = None
 
     def stage(self, stage_id: int) -> StageConfig:
         for stage in self.stages:
@@ -259,6 +333,54 @@ def _ray_probe(raw: object) -> tuple[float, float]:
         if not _is_number(value) or value <= 0:
             _reject(f"{key} must be a positive number", f"ray.{key}")
     return float(values["probe_interval_s"]), float(values["probe_timeout_s"])
+
+
+def _orchestrator_address(raw: object) -> tuple[str, int] | None:
+    """``tcp://HOST:PORT`` (the address remote stages ``--connect`` to) as
+    (host, port)."""
+    if raw is None:
+        return None
+    host, _, port = str(raw).removeprefix("tcp://").rpartition(":")
+    if (
+        not isinstance(raw, str)
+        or not raw.startswith("tcp://")
+        or not host
+        or not port.isdigit()
+        or int(port) > 65535
+    ):
+        _reject("orchestrator_address must be tcp://HOST:PORT", "orchestrator_address")
+    return host.strip("[]"), int(port)
+
+
+def liveness_settings(
+    heartbeat_timeout_s: object, silence_timeout_s: object, *, prefix: str = ""
+) -> tuple[float, float | None]:
+    """Checked heartbeat and silence timeouts; ``silence_timeout_s`` None is
+    the default (3 s), or no silence at all when the heartbeat timeout is not
+    above it (the stage is dead first). ``PipelineConfigError`` names the bad
+    one (``prefix`` + its name)."""
+    if not _is_number(heartbeat_timeout_s) or heartbeat_timeout_s <= 0:
+        _reject(
+            "heartbeat_timeout_s must be a positive number",
+            f"{prefix}heartbeat_timeout_s",
+        )
+    heartbeat = float(heartbeat_timeout_s)
+    if silence_timeout_s is None:
+        default = DEFAULT_SILENCE_TIMEOUT_S
+        return heartbeat, default if default < heartbeat else None
+    if (
+        not _is_number(silence_timeout_s)
+        or not HEARTBEAT_INTERVAL_S < silence_timeout_s < heartbeat
+    ):
+        # At or below the heartbeat interval a healthy stage would go silent
+        # between two heartbeats; at or above the heartbeat timeout it is dead
+        # before it could be silent.
+        _reject(
+            f"silence_timeout_s must be a number above the {HEARTBEAT_INTERVAL_S:g} s "
+            f"heartbeat interval and below heartbeat_timeout_s ({heartbeat:g} s)",
+            f"{prefix}silence_timeout_s",
+        )
+    return heartbeat, float(silence_timeout_s)
 
 
 def _stage(raw: object, index: int) -> StageConfig:
@@ -348,15 +470,12 @@ def _check_fault_exception(fault: FaultConfig, where: str) -> None:
     or the drill would fail only at request time (as a 500)."""
     if fault.action != "raise" or fault.exception is None:
         return
-    # Imported here: resolving the class imports vLLM's exception modules.
-    from vllm_omni.engine.faults import build_exception, resolve_exception
-
     try:
         resolve_exception(fault.exception)
     except LookupError as exc:
         _reject(str(exc), f"{where}.exception")
     try:
-        build_exception(fault)
+        fault.build_exception()
     except Exception as exc:  # whatever the constructor rejects the args with
         first = str(exc).splitlines()[0] if str(exc) else ""
         _reject(
@@ -418,6 +537,11 @@ def _from_mapping(data: object, *, source: str, build_faults: bool) -> PipelineC
             "stage_init_timeout_s must be a positive number", "stage_init_timeout_s"
         )
     probe_interval, probe_timeout = _ray_probe(data.get("ray", {}))
+    heartbeat, _ = liveness_settings(
+        data.get("heartbeat_timeout_s", DEFAULT_HEARTBEAT_TIMEOUT_S),
+        data.get("silence_timeout_s"),
+    )
+    silence = data.get("silence_timeout_s")
     return PipelineConfig(
         model=model,
         stages=stages,
@@ -429,6 +553,9 @@ def _from_mapping(data: object, *, source: str, build_faults: bool) -> PipelineC
         stage_init_timeout_s=float(init_timeout),
         ray_probe_interval_s=probe_interval,
         ray_probe_timeout_s=probe_timeout,
+        orchestrator_address=_orchestrator_address(data.get("orchestrator_address")),
+        heartbeat_timeout_s=heartbeat,
+        silence_timeout_s=None if silence is None else float(silence),
     )
 
 

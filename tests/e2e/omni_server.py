@@ -193,15 +193,18 @@ class OmniServer:
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited early:\n{self.log()[-3000:]}")
-            try:
-                if httpx.get(self.base_url + "/health", timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+        # One client for every poll: a new one loads the CA bundle each time,
+        # which costs a busy machine tens of milliseconds per poll.
+        with httpx.Client(timeout=1.0) as client:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"server exited early:\n{self.log()[-3000:]}")
+                try:
+                    if client.get(self.base_url + "/health").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.2)
         raise RuntimeError(f"server not ready:\n{self.log()[-3000:]}")
 
     def log(self) -> str:
@@ -237,17 +240,26 @@ def start_server(
     env: dict[str, str] | None = None,
     job_store: Path | None = None,
     extra_args: tuple[str, ...] = (),
+    host: str = "127.0.0.1",
+    command_prefix: tuple[str, ...] = (),
 ) -> OmniServer:
-    """Spawn (without waiting for readiness: start several, then wait)."""
+    """Spawn (without waiting for readiness: start several, then wait).
+
+    ``host``: where it listens (a free port there is taken); ``command_prefix``
+    runs it through another command (``ip netns exec NS``: on a test host).
+    """
     directory.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    port = free_port(host) if not command_prefix else free_port()
     argv = [
+        *command_prefix,
         sys.executable,
         "-m",
         "vllm_omni.entrypoints.cli.main",
         "serve",
         "--pipeline",
         str(pipeline),
+        "--host",
+        host,
         "--port",
         str(port),
         "--error-mode",
@@ -265,4 +277,4 @@ def start_server(
         stdout=log_path.open("wb"),
         stderr=subprocess.STDOUT,
     )
-    return OmniServer(proc, f"http://127.0.0.1:{port}", log_path, api_key)
+    return OmniServer(proc, f"http://{host}:{port}", log_path, api_key)

@@ -2,41 +2,78 @@
 
 Bounded examples per operation. Every response must be one the document
 declares (status, content type, schema), no malformed input may produce a
-5xx, and every error body must be the canonical envelope with
-``code == status``. Hypothesis, used directly, also sends what the document
-cannot describe: hostile image bytes in multipart edits (422 on ``image``,
-never 5xx) and malformed realtime WebSocket events (one error event each,
-and the session goes on).
+5xx, every error body must be the canonical envelope with ``code == status``,
+and the document says what the server accepts: a request it admits is not a
+4xx, one it does not admit is (schemathesis' positive- and negative-data
+checks). An uploaded image is one of the types the document names, drawn
+by the strategies registered here for them. Hypothesis, used directly, also
+sends what the document cannot describe: hostile image bytes in multipart
+edits (422 on ``image``, never 5xx) and malformed realtime WebSocket events
+(one error event each, and the session goes on).
 """
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import struct
 import zlib
 from collections.abc import Iterator
+from email.parser import BytesParser
+from email.policy import HTTP
 from typing import Any
+from urllib.parse import parse_qs
 
 import httpx
+import jsonschema_rs
 import pytest
 import requests
 import schemathesis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 from schemathesis import APIOperation, Case, GenerationMode, checks
+from schemathesis.core.failures import AcceptedNegativeData
+from schemathesis.errors import FailureGroup
+from schemathesis.openapi.checks import RejectedPositiveData
 from websockets.sync.client import ClientConnection, connect
 
 from tests.e2e.canonical import assert_canonical_error, assert_canonical_event_error
 from tests.e2e.omni_server import OmniServer
+from vllm_omni.entrypoints.openai.openapi import IMAGE_TYPES
 
 CHECKS = [
     checks.not_a_server_error,
     checks.status_code_conformance,
     checks.content_type_conformance,
     checks.response_schema_conformance,
+    checks.positive_data_acceptance,
+    checks.negative_data_rejection,
 ]
+
+
+def _encoded(kind: str, width: int, height: int, seed: int) -> bytes:
+    buffer = io.BytesIO()
+    Image.effect_noise((width, height), 32 + seed % 64).convert("RGB").save(
+        buffer, kind
+    )
+    return buffer.getvalue()
+
+
+# The document says an edit's image is a PNG, JPEG, GIF or WebP file: these
+# make such files (schemathesis' documented hook for a media type).
+for _media_type in IMAGE_TYPES:
+    schemathesis.openapi.media_type(
+        _media_type,
+        st.builds(
+            _encoded,
+            st.just(_media_type.split("/")[1].upper()),
+            st.integers(1, 48),
+            st.integers(1, 48),
+            st.integers(0, 255),
+        ),
+    )
 
 
 def _operations(omni_server: OmniServer) -> list[APIOperation]:
@@ -70,6 +107,8 @@ def _check_operation(operation: APIOperation, omni_server: OmniServer) -> None:
         response = case.call(
             base_url=omni_server.base_url, headers=omni_server.headers(), timeout=60
         )
+        _read_back_as_sent(case, response)
+        _cancel_created_job(operation, response, omni_server)
         case.validate_response(response, checks=checks_for_operation)
         if response.status_code >= 400:
             assert_canonical_error(
@@ -77,6 +116,56 @@ def _check_operation(operation: APIOperation, omni_server: OmniServer) -> None:
             )
 
     run()
+
+
+def _cancel_created_job(
+    operation: APIOperation, response: requests.Response, omni_server: OmniServer
+) -> None:
+    """A video job the fuzz created is cancelled at once: its answer is what
+    is checked, and jobs left running would load the shared server."""
+    if operation.label == "POST /v1/videos" and response.status_code == 200:
+        cancelled = httpx.delete(
+            f"{omni_server.base_url}/v1/videos/{response.json()['id']}",
+            headers=omni_server.headers(),
+            timeout=60,
+        )
+        assert cancelled.status_code == 200, cancelled.text
+
+
+def _read_back_as_sent(case: Case, response: requests.Response) -> None:
+    """Make a form case's body the fields the request carried, as the server
+    reads them: the text of each field (the last, when repeated), a file part
+    as the string the document declares it as (``contentMediaType``).
+
+    Schemathesis judges a negative form case by the fields as sent (a JSON
+    number in a form is the text ``5``, which a text field accepts), but
+    pairs them with the generated body by name, which multipart escaping
+    breaks (a name with a line break or a quote), and its validator raises
+    on a file's bytes: either way (schemathesis 4.32.5) a form the server
+    rightly accepts counts as accepted invalid data.
+    """
+    content_type = response.request.headers.get("Content-Type", "")
+    body = response.request.body
+    if isinstance(body, str):
+        body = body.encode()
+    if not isinstance(body, bytes) or not isinstance(case.body, dict):
+        return
+    if content_type.startswith("application/x-www-form-urlencoded"):
+        fields = parse_qs(body.decode("ascii", "replace"), keep_blank_values=True)
+        case.body = {name: values[-1] for name, values in fields.items()}
+    elif content_type.startswith("multipart/form-data"):
+        message = BytesParser(policy=HTTP).parsebytes(
+            f"Content-Type: {content_type}\r\n\r\n".encode() + body
+        )
+        sent: dict[str, Any] = {}
+        for part in message.iter_parts():
+            name = str(part.get_param("name", header="content-disposition"))
+            payload = part.get_payload(decode=True)
+            if part.get_filename() is not None:
+                sent[name] = "<file>"
+            elif isinstance(payload, bytes):
+                sent[name] = payload.decode(errors="replace")
+        case.body = sent
 
 
 def test_openapi_contract(omni_server: OmniServer, subtests: Any) -> None:
@@ -90,6 +179,89 @@ def test_openapi_contract(omni_server: OmniServer, subtests: Any) -> None:
     for operation in operations:
         with subtests.test(operation=operation.label):
             _check_operation(operation, omni_server)
+
+
+def _planted(
+    omni_server: OmniServer, maximum: float
+) -> tuple[APIOperation, jsonschema_rs.Validator, jsonschema_rs.Validator]:
+    """The speech operation of the served document with another ``speed``
+    maximum than the server's, and validators of the served and planted
+    request bodies."""
+    served = httpx.get(
+        omni_server.base_url + "/openapi.json", headers=omni_server.headers()
+    ).json()
+    planted = copy.deepcopy(served)
+    planted["paths"] = {"/v1/audio/speech": planted["paths"]["/v1/audio/speech"]}
+    speech = planted["components"]["schemas"]["SpeechRequest"]
+    speech["properties"]["speed"]["anyOf"][0]["maximum"] = maximum
+    validators = tuple(
+        jsonschema_rs.Draft202012Validator(
+            {
+                "$ref": "#/components/schemas/SpeechRequest",
+                "components": document["components"],
+            }
+        )
+        for document in (served, planted)
+    )
+    operation = schemathesis.openapi.from_dict(planted)["/v1/audio/speech"]["POST"]
+    return operation, *validators
+
+
+@pytest.mark.parametrize(
+    ("maximum", "mode", "check", "failure"),
+    [
+        # Looser than the server: a request it admits is refused.
+        (
+            8.0,
+            GenerationMode.POSITIVE,
+            checks.positive_data_acceptance,
+            RejectedPositiveData,
+        ),
+        # Stricter than the server: a request it does not admit is honoured.
+        (
+            2.0,
+            GenerationMode.NEGATIVE,
+            checks.negative_data_rejection,
+            AcceptedNegativeData,
+        ),
+    ],
+    ids=["looser", "stricter"],
+)
+def test_a_planted_gap_between_document_and_server_is_caught(
+    omni_server: OmniServer,
+    maximum: float,
+    mode: GenerationMode,
+    check: Any,
+    failure: type[Exception],
+) -> None:
+    """The positive- and negative-data checks fail where the document and
+    the server disagree (here on one bound)."""
+    operation, served, planted = _planted(omni_server, maximum)
+
+    def disagree(case: Case) -> bool:
+        body = case.body
+        return isinstance(body, dict) and served.is_valid(body) != planted.is_valid(
+            body
+        )
+
+    case = find(
+        operation.as_strategy(generation_mode=mode),
+        disagree,
+        settings=settings(
+            max_examples=1000,
+            derandomize=True,
+            database=None,
+            # The first such request is the point, not the simplest one.
+            phases=[Phase.generate],
+            suppress_health_check=list(HealthCheck),
+        ),
+    )
+    response = case.call(
+        base_url=omni_server.base_url, headers=omni_server.headers(), timeout=60
+    )
+    with pytest.raises(FailureGroup) as caught:
+        case.validate_response(response, checks=[check])
+    assert [type(error) for error in caught.value.exceptions] == [failure]
 
 
 def test_planted_non_canonical_body_is_caught() -> None:

@@ -53,7 +53,12 @@ def _resolve(schema: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-def _variants(schema: dict[str, Any], spec: dict[str, Any]) -> list[dict[str, Any]]:
+def _variants(
+    schema: dict[str, Any] | bool, spec: dict[str, Any]
+) -> list[dict[str, Any]]:
+    if isinstance(schema, bool):
+        # A field the pipeline refuses outright (``false``): no value to send.
+        return []
     schema = _resolve(schema, spec)
     choices = schema.get("anyOf") or schema.get("oneOf")
     if choices is None:

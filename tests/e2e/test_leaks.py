@@ -10,13 +10,20 @@ server's INFO log lines and the metric labels — is scanned for them.
 ``find_ray_leaks`` adds what the Ray worker backend must hide (Ray's remote
 tracebacks, actor titles, node ids, the cluster address); the real scan of a
 Ray-backed server runs in ``tests/ray/test_ray_cluster.py``, which owns the
-cluster.
+cluster. ``find_host_leaks`` adds where the stages run: host addresses and
+the stage wire's ``tcp://``/``ipc://`` endpoints; the partition drills
+(``tests/e2e/test_partitions.py``, ``tests/ray/test_ray_partitions.py``),
+whose stages run on other network-namespace hosts, scan everything their
+clients saw with all three, and this module's scan adds it for the
+server's own stage socket.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import httpx
@@ -57,6 +64,19 @@ def find_ray_leaks(text: str, cluster_address: str, node_ids: list[str]) -> list
     """The Ray internals present in ``text`` (``tests/ray`` scans with this)."""
     private = (*RAY_MARKERS, cluster_address, *node_ids)
     return [secret for secret in private if secret and secret in text]
+
+
+# An IPv4 address; a client-visible text has no business holding one.
+_IPV4 = re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}\b")
+
+
+def find_host_leaks(text: str, addresses: Iterable[str] = ()) -> list[str]:
+    """Where stages run, present in ``text``: the given host addresses, any
+    IPv4 address, and the stage wire's endpoint schemes."""
+    found = [a for a in addresses if a and a in text]
+    found += [scheme for scheme in ("tcp://", "ipc://") if scheme in text]
+    found += [match for match in _IPV4.findall(text) if match not in found]
+    return found
 
 
 def _http(server: OmniServer) -> str:
@@ -167,6 +187,14 @@ def test_no_transport_leaks(omni_server: OmniServer) -> None:
     outputs["metrics"] = httpx.get(omni_server.base_url + "/metrics").text
     leaks = {where: find_leaks(text) for where, text in outputs.items()}
     assert leaks == {where: [] for where in outputs}
+    # What only the operator may know: where the stages listen. (The INFO
+    # log names the listening address; it is not client-visible.)
+    visible = {k: v for k, v in outputs.items() if k not in _SERVER_SIDE}
+    hosts = {where: find_host_leaks(text) for where, text in visible.items()}
+    assert hosts == {where: [] for where in visible}
+
+
+_SERVER_SIDE = ("job store on disk", "INFO log")
 
 
 def test_planted_leak_is_found(tmp_path: Path) -> None:
@@ -221,4 +249,23 @@ def test_planted_ray_probe_leak_is_found() -> None:
         "GCS",
         "gcs_server",
         "10.0.0.7:6379",
+    ]
+
+
+def test_planted_host_leak_is_found() -> None:
+    """A body naming where a stage runs is caught: the stage host's address,
+    the wire's endpoint and any other address."""
+    planted = json.dumps(
+        {
+            "error": {
+                "message": "stage 1 at tcp://10.213.7.2:5555 unreachable "
+                "(ipc:///tmp/vllm-omni-x/stages.sock, via 192.168.1.4)"
+            }
+        }
+    )
+    assert find_host_leaks(planted, ["10.213.7.2"]) == [
+        "10.213.7.2",
+        "tcp://",
+        "ipc://",
+        "192.168.1.4",
     ]

@@ -247,3 +247,26 @@ def _running(process: psutil.Process) -> bool:
         return process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_serve_imports_nothing_on_the_engine_loop() -> None:
+    """``vllm-omni serve`` imports the API server and every route module in a
+    thread (they import vLLM's serving code: seconds, mostly holding the
+    GIL); building the app on the engine's loop then imports nothing. Before,
+    the route modules were imported there: the loop stood still for 10 to
+    60 s while the engine already ran, sending no heartbeat, and a stage on
+    another host with a shorter orchestrator timeout gave up on it."""
+    code = (
+        "import sys\n"
+        "import vllm_omni.engine.stage_worker\n"
+        "from vllm_omni.entrypoints.cli.serve import _import_server, make_parser\n"
+        "server = _import_server()\n"
+        "before = set(sys.modules)\n"
+        "server.build_app(make_parser().parse_args([]))\n"
+        "print(sorted(set(sys.modules) - before))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"

@@ -40,6 +40,14 @@ RESTARTED = "The server restarted before the job finished; submit it again."
 VIDEO_FAULTS: list[dict[str, Any]] = [
     {"stage": "video", "marker": "@boom", "action": "raise"},
     {"stage": "video", "marker": "@hang", "action": "hang"},
+    {
+        "stage": "video",
+        "marker": "@refuse",
+        "action": "raise",
+        "exception": "vllm.exceptions:VLLMValidationError",
+        "args": ["seconds cannot be rendered by this stage"],
+        "kwargs": {"parameter": "seconds"},
+    },
 ]
 ERRORS = "vllm_omni:errors_total"
 
@@ -198,6 +206,22 @@ CREATE_ERRORS: dict[str, tuple[dict[str, Any], type[Exception], int, str, Any]] 
         "BadRequestError",
         "size",
     ),
+    # The video stage's ranges, checked before a job exists (they were a job
+    # that failed with this 400).
+    "seconds over the stage's range": (
+        {"prompt": "x", "seconds": "99"},
+        openai.BadRequestError,
+        400,
+        "BadRequestError",
+        "seconds",
+    ),
+    "size over the stage's range": (
+        {"prompt": "x", "size": "1024x1024"},
+        openai.BadRequestError,
+        400,
+        "BadRequestError",
+        "size",
+    ),
     "unknown model": (
         {"prompt": "x", "model": "sora-2"},
         openai.NotFoundError,
@@ -313,8 +337,9 @@ def test_failed_job_stores_canonical_error(
 def test_client_error_job_answers_its_own_status(
     videos: VideoServer, client: openai.OpenAI
 ) -> None:
-    """A limit of the video stage fails the job with a 400 the download repeats."""
-    video = client.videos.create(prompt="too long", seconds="99")
+    """A client error of the video stage fails the job with its 400, which the
+    download repeats."""
+    video = client.videos.create(prompt="refused @refuse", seconds="1")
     _wait(client, video.id, "failed")
     stored = json.loads(_raw_error(videos, video.id))
     assert (stored["code"], stored["type"], stored["param"]) == (

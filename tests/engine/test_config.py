@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import vllm_omni.config
+import vllm_omni.engine.faults
 from tests.engine.engines import write_pipeline
 from vllm_omni.config import (
     PipelineConfigError,
@@ -14,6 +17,7 @@ from vllm_omni.config import (
     load_pipeline,
     pipeline_from_mapping,
 )
+from vllm_omni.entrypoints.async_omni import AsyncOmni
 from vllm_omni.errors import VLLMValidationError
 
 GOOD: dict[str, Any] = {
@@ -201,3 +205,99 @@ def test_fault_exceptions_are_not_built_by_the_cli_check(tmp_path: Path) -> None
     with pytest.raises(PipelineConfigError) as info:
         check_pipeline(path)
     assert info.value.parameter == "faults[0].exception"
+
+
+def _imports(module: Any) -> set[str]:
+    """Every module a source file imports, at any depth (lazy ones too)."""
+    tree = ast.parse(Path(module.__file__).read_text())
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+    return found
+
+
+def test_the_config_depends_on_no_engine_module() -> None:
+    """Layers point down: the engine's fault injection reads the config; the
+    config (which checks each fault's exception at load) imports nothing of
+    the engine, the stages or the entry points, not even lazily."""
+    above = ("vllm_omni.engine", "vllm_omni.stages", "vllm_omni.entrypoints")
+    assert [m for m in _imports(vllm_omni.config) if m.startswith(above)] == []
+    assert "vllm_omni.config" in _imports(vllm_omni.engine.faults)
+
+
+def test_stages_on_other_hosts_keys_are_read() -> None:
+    """``orchestrator_address`` binds tcp for remote stages (``vllm-omni
+    serve`` reads it from the file); the liveness timeouts default to 10 s
+    and none (the engine's default applies, 3 s)."""
+    pipeline = pipeline_from_mapping(
+        {
+            **GOOD,
+            "orchestrator_address": "tcp://10.0.0.1:5555",
+            "heartbeat_timeout_s": 8,
+            "silence_timeout_s": 2.5,
+        }
+    )
+    assert pipeline.orchestrator_address == ("10.0.0.1", 5555)
+    assert (pipeline.heartbeat_timeout_s, pipeline.silence_timeout_s) == (8.0, 2.5)
+    plain = pipeline_from_mapping(GOOD)
+    assert plain.orchestrator_address is None
+    assert (plain.heartbeat_timeout_s, plain.silence_timeout_s) == (10.0, None)
+
+
+@pytest.mark.parametrize(
+    ("extra", "parameter"),
+    [
+        ({"orchestrator_address": "10.0.0.1:5555"}, "orchestrator_address"),
+        ({"orchestrator_address": "tcp://10.0.0.1"}, "orchestrator_address"),
+        ({"orchestrator_address": "tcp://:5555"}, "orchestrator_address"),
+        ({"orchestrator_address": "tcp://h:70000"}, "orchestrator_address"),
+        ({"orchestrator_address": 5555}, "orchestrator_address"),
+        ({"heartbeat_timeout_s": 0}, "heartbeat_timeout_s"),
+        ({"heartbeat_timeout_s": "10"}, "heartbeat_timeout_s"),
+        ({"silence_timeout_s": 1}, "silence_timeout_s"),  # the heartbeat interval
+        ({"silence_timeout_s": 10}, "silence_timeout_s"),  # the heartbeat timeout
+        ({"silence_timeout_s": True}, "silence_timeout_s"),
+        ({"heartbeat_timeout_s": 2, "silence_timeout_s": 3}, "silence_timeout_s"),
+    ],
+)
+def test_bad_liveness_keys_name_their_key(
+    extra: dict[str, Any], parameter: str
+) -> None:
+    with pytest.raises(VLLMValidationError) as caught:
+        pipeline_from_mapping({**GOOD, **extra})
+    assert caught.value.parameter == parameter
+
+
+def _orchestrator_settings(engine: AsyncOmni) -> tuple[Any, ...]:
+    orchestrator = engine._orchestrator
+    return (
+        orchestrator._transport,
+        orchestrator._host,
+        orchestrator._port,
+        orchestrator._heartbeat_timeout_s,
+        orchestrator._silence_timeout_s,
+    )
+
+
+def test_engine_arguments_override_the_file_and_the_default_silence_follows() -> None:
+    remote = pipeline_from_mapping(
+        {**GOOD, "orchestrator_address": "tcp://0.0.0.0:5555", "heartbeat_timeout_s": 8}
+    )
+    assert _orchestrator_settings(AsyncOmni(remote)) == ("tcp", "0.0.0.0", 5555, 8, 3)
+    assert _orchestrator_settings(
+        AsyncOmni(remote, host="127.0.0.1", port=0, silence_timeout_s=2)
+    ) == ("tcp", "127.0.0.1", 0, 8, 2)
+    plain = pipeline_from_mapping(GOOD)
+    assert _orchestrator_settings(AsyncOmni(plain)) == ("ipc", "127.0.0.1", 0, 10, 3)
+    # A heartbeat timeout of 3 s or less leaves no room for a silence: the
+    # stage is dead first, as before.
+    assert _orchestrator_settings(AsyncOmni(plain, heartbeat_timeout_s=1.5))[3:] == (
+        1.5,
+        None,
+    )
+    with pytest.raises(VLLMValidationError) as caught:
+        AsyncOmni(plain, heartbeat_timeout_s=4, silence_timeout_s=5)
+    assert caught.value.parameter == "silence_timeout_s"

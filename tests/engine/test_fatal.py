@@ -20,7 +20,12 @@ from vllm_omni.engine import processes
 from vllm_omni.engine.orchestrator import StageStartupError
 from vllm_omni.engine.stage_worker import WorkerSpec
 from vllm_omni.entrypoints.async_omni import AsyncOmni
-from vllm_omni.errors import EngineDeadError, OmniEngineDeadError
+from vllm_omni.errors import (
+    EngineDeadError,
+    OmniEngineDeadError,
+    OmniServiceUnavailableError,
+    OmniStageTimeoutError,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -134,16 +139,27 @@ async def test_a_stage_exits_when_its_orchestrator_is_gone(tmp_path: Path) -> No
 
 @contextlib.asynccontextmanager
 async def _remote_stage(
-    pipeline_dir: Path, *, orchestrator_timeout_s: float
+    pipeline_dir: Path,
+    *,
+    orchestrator_timeout_s: float,
+    heartbeat_timeout_s: float = 1.5,
+    silence_timeout_s: float | None = None,
 ) -> AsyncIterator[tuple[AsyncOmni, processes.StageProcess]]:
-    """An engine over ``tcp://`` (heartbeat timeout 1.5 s) whose one stage
-    runs as a remote process, started; both stopped afterwards."""
+    """An engine over ``tcp://`` (heartbeat timeout 1.5 s: no silence, only
+    death) whose one stage runs as a remote process, started; both stopped
+    afterwards."""
     document = {
         "model": "omni-remote",
         "stages": [{"id": 0, "name": "thinker", "kind": "text", "remote": True}],
+        "faults": [{"stage": 0, "marker": "@hang", "action": "hang"}],
     }
     path = write_pipeline(pipeline_dir, document)
-    engine = AsyncOmni(pipeline=path, transport="tcp", heartbeat_timeout_s=1.5)
+    engine = AsyncOmni(
+        pipeline=path,
+        transport="tcp",
+        heartbeat_timeout_s=heartbeat_timeout_s,
+        silence_timeout_s=silence_timeout_s,
+    )
     starting = asyncio.create_task(engine.start())
     await wait_for(_true_when(lambda: bool(engine.address)))
     assert engine.address.startswith("tcp://127.0.0.1:")
@@ -213,6 +229,70 @@ async def test_a_machine_wide_pause_is_not_a_stage_death(
         await wait_for(_true_when(lambda: engine.errored), timeout_s=4.0)
         assert 1.4 < time.monotonic() - start < 3.5
         assert engine.dead_error.reason == "stage heartbeat lost"  # type: ignore[attr-defined]
+
+
+async def test_a_silent_remote_stage_is_504_then_503_until_heard_again(
+    pipeline_dir: Path,
+) -> None:
+    """The remote stage's process alone is stopped (a host cut off by the
+    network is drilled in ``tests/e2e/test_partitions.py``; this needs no
+    network namespaces). Not heard from for ``silence_timeout_s``: the
+    request it holds fails with 504, a new one is refused with 503, both
+    naming it; resumed before ``heartbeat_timeout_s``, it serves again and
+    drops the request that timed out; the engine never died."""
+    async with _remote_stage(
+        pipeline_dir,
+        orchestrator_timeout_s=10.0,
+        heartbeat_timeout_s=5.0,
+        silence_timeout_s=1.5,
+    ) as (engine, remote):
+        held = asyncio.create_task(collect(engine, "x @hang", request_id="s-1"))
+        await wait_for(lambda: stage_active(engine, 0, "s-1"))
+        os.kill(remote.pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            with pytest.raises(OmniStageTimeoutError) as timed_out:
+                await asyncio.wait_for(held, timeout=4.0)
+            silent_after = time.monotonic() - stopped
+            with pytest.raises(OmniServiceUnavailableError) as refused:
+                await collect(engine, "more", request_id="s-2")
+        finally:
+            os.kill(remote.pid, signal.SIGCONT)
+        assert 0.5 < silent_after < 3.0
+        for error, status, error_type, message in (
+            (timed_out.value, 504, "GatewayTimeoutError", "stopped answering."),
+            (
+                refused.value,
+                503,
+                "ServiceUnavailableError",
+                "is not answering; retry later.",
+            ),
+        ):
+            assert error.details is not None
+            assert (
+                error.details.status_code,
+                error.details.error_type,
+                error.details.stage_id,
+                error.details.message,
+            ) == (status, error_type, 0, f"Stage 0 (thinker) {message}")
+        await wait_for(_served(engine), timeout_s=5.0)
+        stats = (await engine.stage_stats())[0]
+        assert stats is not None and "s-1" in stats["cancelled"]
+        assert not engine.errored
+
+
+def _served(engine: AsyncOmni) -> Any:
+    count = iter(range(1000))
+
+    async def check() -> bool:
+        try:
+            await collect(engine, "back", request_id=f"back-{next(count)}")
+        except OmniServiceUnavailableError:
+            await asyncio.sleep(0.1)
+            return False
+        return True
+
+    return check
 
 
 def _true_when(condition: Any) -> Any:

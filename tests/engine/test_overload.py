@@ -11,7 +11,9 @@ plus the ROUTER's send HWM); the ROUTER silently dropped the rest: 504 after
 from __future__ import annotations
 
 import asyncio
+import pickle
 from collections.abc import AsyncIterator
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ from tests.engine.engines import drain, wait_for, write_pipeline
 from tests.prom import local
 from vllm_omni.entrypoints.async_omni import AsyncOmni
 from vllm_omni.errors import OmniServerError, VLLMValidationError, normalize
+from vllm_omni.errors.types import RemoteQueueOverflowError
 from vllm_omni.outputs import OmniRequestOutput
 
 pytestmark = pytest.mark.timeout(180)
@@ -109,13 +112,19 @@ async def test_admission_refuses_beyond_the_limit_at_once(
     # Tasks start in order: the first four are admitted, the rest refused.
     assert results[:4] == [10, 10, 1, 1]
     refused = results[4:]
-    # Upstream's QueueOverflowError does not pickle, so callers get the 503
-    # rebuilt from its record, with the original as its cause.
+    # Upstream's QueueOverflowError does not pickle, so callers get it
+    # rebuilt as a class that does (still a QueueOverflowError and 0.30's
+    # OmniServerError), with the original as its cause.
     assert all(
-        type(error) is OmniServerError
-        and isinstance(error.__cause__, QueueOverflowError)
+        type(error) is RemoteQueueOverflowError
+        and isinstance(error, QueueOverflowError | OmniServerError)
+        and type(error.__cause__) is QueueOverflowError
         for error in refused
     )
+    clone = pickle.loads(pickle.dumps(refused[0]))
+    assert type(clone) is RemoteQueueOverflowError
+    assert clone.details == refused[0].details
+    assert clone.http_status == HTTPStatus.SERVICE_UNAVAILABLE
     details = normalize(refused[0])
     assert (details.status_code, details.category, details.error_type) == (
         503,
@@ -209,8 +218,8 @@ async def test_a_full_stage_refuses_at_once_and_keeps_nothing_behind(
         assert len(held) == STAGE_LIMIT
         for rid in refused:
             error = tasks[rid].exception()
-            assert type(error) is OmniServerError
-            assert isinstance(error.__cause__, QueueOverflowError)
+            assert type(error) is RemoteQueueOverflowError
+            assert type(error.__cause__) is QueueOverflowError
             details = error.details
             assert (
                 details.status_code,

@@ -20,7 +20,6 @@ import pytest
 
 from tests.engine.engines import collect, write_pipeline
 from vllm_omni.config import FaultConfig
-from vllm_omni.engine.faults import build_exception
 from vllm_omni.entrypoints.async_omni import AsyncOmni
 from vllm_omni.errors import (
     OmniClientError,
@@ -81,7 +80,7 @@ def _spec(exc_type: type[BaseException]) -> FaultConfig:
 # so there they are unknown server errors (500) like any other.
 ROWS = [_spec(row.exc_type) for row in (*STATUS_TABLE, *LEGACY_FALLBACKS)]
 STRICT_ONLY = {_spec(row.exc_type).exception for row in LEGACY_FALLBACKS}
-FATAL = [s for s in ROWS if normalize(build_exception(s)).fatal]
+FATAL = [s for s in ROWS if normalize(s.build_exception()).fatal]
 NONFATAL = [s for s in ROWS if s not in FATAL]
 
 
@@ -131,7 +130,7 @@ def test_every_table_row_is_covered() -> None:
     assert len(ROWS) == len(STATUS_TABLE) + len(LEGACY_FALLBACKS)
     assert FATAL and NONFATAL
     for spec in ROWS:
-        assert isinstance(build_exception(spec), _resolve(spec.exception))
+        assert isinstance(spec.build_exception(), _resolve(spec.exception))
 
 
 def _resolve(name: str | None) -> type:
@@ -155,7 +154,7 @@ async def test_nonfatal_row_round_trips(engine: AsyncOmni, spec: FaultConfig) ->
     request_id = f"rt-{spec.marker[1:]}"
     with pytest.raises(VLLMError) as info:
         await collect(engine, f"please {spec.marker}", request_id=request_id)
-    expected = normalize(build_exception(spec), request_id=request_id, stage_id=STAGE)
+    expected = normalize(spec.build_exception(), request_id=request_id, stage_id=STAGE)
     assert info.value.details == expected  # type: ignore[attr-defined]
     assert type(info.value) is _expected_class(expected)
     # Catch by type: the row's own class catches what a stage raised (raw,
@@ -182,7 +181,7 @@ async def test_fatal_row_round_trips_and_kills_the_engine(
         with pytest.raises(OmniEngineDeadError) as info:
             await collect(engine, f"please {spec.marker}", request_id=request_id)
         expected = normalize(
-            build_exception(spec), request_id=request_id, stage_id=STAGE
+            spec.build_exception(), request_id=request_id, stage_id=STAGE
         )
         assert expected.fatal
         assert info.value.details == expected

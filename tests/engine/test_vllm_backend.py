@@ -114,7 +114,8 @@ def make_stage(
     built: list[FakeAsyncLLM] = []
 
     def factory(args: dict[str, Any]) -> FakeAsyncLLM:
-        assert args == engine_args
+        # The engine serves (and labels its metrics with) the pipeline's name.
+        assert args == {"served_model_name": "m", **engine_args}
         built.append(FakeAsyncLLM(script))
         return built[0]
 
@@ -383,6 +384,13 @@ async def test_cancelling_closes_the_upstream_stream() -> None:
     assert (await anext(stream)).text == "a"
     await stream.aclose()
     assert built[0].closed
+
+
+async def test_an_explicit_served_model_name_is_kept() -> None:
+    args = {**ENGINE_ARGS, "served_model_name": "team-model"}
+    stage, built = make_stage([completion("x", "stop")], engine_args=args)
+    await stage.start()
+    assert len(built) == 1  # the factory saw served_model_name "team-model"
 
 
 def test_engine_args_need_a_model() -> None:

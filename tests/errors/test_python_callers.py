@@ -19,6 +19,7 @@ from http import HTTPStatus
 import pytest
 from vllm.exceptions import (
     LoRAAdapterNotFoundError,
+    MaxQueuedTokensError,
     QueueOverflowError,
     RetryableRequestError,
 )
@@ -49,7 +50,12 @@ from vllm_omni.errors import (
     normalize,
     to_exception,
 )
-from vllm_omni.errors.types import REMOTE_TYPES, UNPICKLABLE_UPSTREAM
+from vllm_omni.errors.types import (
+    REMOTE_TYPES,
+    UNPICKLABLE_UPSTREAM,
+    RemoteMaxQueuedTokensError,
+    RemoteQueueOverflowError,
+)
 
 
 def _remote(category: str, status: int, error_type: str) -> Callable[[], VLLMError]:
@@ -172,9 +178,19 @@ def test_upstream_types_that_still_do_not_round_trip(name: str) -> None:
 def test_upstream_types_are_replaced_by_a_rebuild_that_keeps_the_record() -> None:
     busy = QueueOverflowError()
     raised = for_caller(busy, request_id="req-2")
-    assert type(raised) is OmniServerError
+    assert type(raised) is RemoteQueueOverflowError
+    assert isinstance(raised, QueueOverflowError | OmniServerError)
     assert raised.details == normalize(busy, request_id="req-2")  # type: ignore[attr-defined]
     assert (raised.status_code, raised.error_type) == (503, "Service Unavailable")  # type: ignore[attr-defined]
+    assert (raised.message, raised.http_status) == (busy.message, busy.http_status)
+    backlog = for_caller(MaxQueuedTokensError())
+    assert type(backlog) is RemoteMaxQueuedTokensError
+    assert isinstance(backlog, MaxQueuedTokensError)
+    for rebuilt in (raised, backlog):
+        clone = pickle.loads(pickle.dumps(rebuilt))
+        assert type(clone) is type(rebuilt)
+        assert clone.details == rebuilt.details  # type: ignore[attr-defined]
+        assert for_caller(clone) is clone
     dead = for_caller(EngineDeadError())
     assert type(dead) is OmniEngineDeadError and dead.details.fatal  # type: ignore[attr-defined]
 

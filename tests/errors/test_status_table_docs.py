@@ -10,9 +10,12 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
+import vllm.exceptions
+
 from vllm_omni import errors
 from vllm_omni.errors import (
     VLLMError,
+    for_caller,
     normalize,
     to_exception,
 )
@@ -25,7 +28,7 @@ from vllm_omni.errors.table import (
     StatusRow,
     row_for,
 )
-from vllm_omni.errors.types import REMOTE_TYPES
+from vllm_omni.errors.types import GRACEFUL_REBUILDS, REMOTE_TYPES
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "errors" / "status-mapping.md"
 
@@ -199,8 +202,9 @@ def test_inherited_rows() -> None:
         "`x-should-retry`",
     ]
     with_rows = {row.exc_type for row in STATUS_TABLE}
-    # Remote rebuilds have their own table ("Records that crossed a boundary").
-    remote = set(REMOTE_TYPES.values())
+    # Remote rebuilds have their own tables ("Records that crossed a
+    # boundary", "Upstream refusals handed to Python callers").
+    remote = set(REMOTE_TYPES.values()) | set(GRACEFUL_REBUILDS.values())
     inheriting = {
         cls
         for cls in _documented_subclasses()
@@ -295,6 +299,23 @@ def _record(kind: str) -> OmniErrorDetails:
         return OmniErrorDetails("x", "server", 502, "Bad Gateway")
     category, status, error_type = kind.split(" ")
     return OmniErrorDetails("x", category, int(status), error_type.strip("`"))
+
+
+def test_upstream_refusals_table() -> None:
+    header, body = markdown_table("## Upstream refusals handed to Python callers")
+    assert header == ["Upstream original", "Exception raised", "Catch it as"]
+    assert [cells[0] for cells in body] == [
+        _code(cls.__name__) for cls in GRACEFUL_REBUILDS
+    ]
+    for original, exception, catch_as in body:
+        upstream = getattr(vllm.exceptions, original.strip("`"))
+        exc = for_caller(upstream(), request_id="r")
+        assert exception == _code(type(exc).__name__)
+        for name in catch_as.split(", "):
+            catch = getattr(vllm.exceptions, name.strip("`"), None) or getattr(
+                errors, name.strip("`")
+            )
+            assert isinstance(exc, catch), (original, name)
 
 
 def test_to_exception_table() -> None:

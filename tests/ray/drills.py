@@ -5,8 +5,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 from collections.abc import Iterator
 from typing import Any
+
+import psutil
 
 # Detect a lost node within about a second (Ray's defaults take ~15 s); the
 # operator's knob, documented in docs/serving.md.
@@ -107,9 +110,28 @@ def ping(actor: Any) -> int:
 
 @contextlib.contextmanager
 def stopped(pid: int) -> Iterator[None]:
-    """SIGSTOP a process for the block; SIGCONT whatever happens in it."""
+    """SIGSTOP a process for the block; SIGCONT whatever happens in it.
+
+    The stop is checked, not assumed: the block starts once the process is
+    stopped, and ends with an error if it ran again meanwhile (a stray
+    ``SIGCONT``, from a drill of another run signalling a pid that was
+    reused on a busy host, or from the kernel when the process group became
+    orphaned). A stage answering inside the block then reads as what it is,
+    not as a drill that "did not raise".
+    """
+    process = psutil.Process(pid)
     os.kill(pid, signal.SIGSTOP)
     try:
+        _wait_status(process, psutil.STATUS_STOPPED)
         yield
+        if process.status() != psutil.STATUS_STOPPED:
+            raise AssertionError(f"process {pid} ran again inside the drill")
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
+def _wait_status(process: psutil.Process, status: str) -> None:
+    deadline = time.monotonic() + 5
+    while process.status() != status:
+        assert time.monotonic() < deadline, (process.pid, process.status())
+        time.sleep(0.01)

@@ -1,6 +1,10 @@
 """The Ray backend in process: stages as actors on a real local Ray.
 
-One Ray instance (127.0.0.1) and one Ray engine per module. The same pipeline
+One Ray instance (127.0.0.1) and one Ray engine per module. The tests that
+start engines of their own come first: the offline one blocks this thread,
+and with it the loop of the module's engines, for half a minute or more on a
+loaded host, and a Ray stage gives up on an orchestrator silent for twice
+its heartbeat timeout. The same pipeline
 also runs on ``multi_process`` so a stage's record can be compared field by
 field across backends. Drills: a stage raising client and server errors, a
 stage actor's worker stopped (SIGSTOP) and the instance's GCS stopped at
@@ -16,6 +20,7 @@ import dataclasses
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 
@@ -23,8 +28,10 @@ import psutil
 import pytest
 import pytest_asyncio
 import ray
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.engine.engines import collect, stage_active, wait_for
+from tests.prom import local_text
 from tests.ray.drills import FAST_FAILURE_DETECTION, drill_pipeline, ping, stopped
 from vllm_omni.config import pipeline_from_mapping
 from vllm_omni.engine.orchestrator import StageStartupError
@@ -42,7 +49,10 @@ from vllm_omni.errors import (
 )
 from vllm_omni.errors.details import OmniErrorDetails
 
-pytestmark = pytest.mark.timeout(120)
+# The first test on the module's engines also pays for starting them (a
+# local Ray instance and two engines): the budget covers that on a loaded
+# machine, as the default does.
+pytestmark = pytest.mark.timeout(300)
 
 PIPELINE = pipeline_from_mapping(drill_pipeline())
 
@@ -76,6 +86,117 @@ async def engines(local_ray: None) -> AsyncIterator[dict[str, AsyncOmni]]:
             engine.shutdown()
 
 
+async def test_placement_that_cannot_happen_is_a_startup_error(
+    local_ray: None,
+) -> None:
+    pipeline = pipeline_from_mapping(
+        {
+            "model": "omni-unplaceable",
+            "worker_backend": "ray",
+            "stage_init_timeout_s": 1.5,
+            "stages": [
+                {"id": 0, "name": "thinker", "kind": "text"},
+                {
+                    "id": 7,
+                    "name": "gpu-talker",
+                    "kind": "talker",
+                    "ray": {"num_cpus": 1, "resources": {"big_gpu_node": 1}},
+                },
+            ],
+        }
+    )
+    engine = AsyncOmni(pipeline)
+    started = time.monotonic()
+    with pytest.raises(StageStartupError) as caught:
+        await engine.start()
+    assert time.monotonic() - started < 30
+    error = caught.value
+    assert error.stage_id == 7
+    assert str(error) == (
+        "Stage 7 (gpu-talker) failed to start: not placed on the Ray cluster "
+        "within 1.5 s (missing: big_gpu_node=1)"
+    )
+    assert error.details is not None and error.details.stage_id == 7
+    assert error.details.status_code == 503
+    assert not engine.is_running
+    namespace = engine._orchestrator._launcher.namespace  # type: ignore[union-attr]
+    named = ray.util.list_named_actors(all_namespaces=True)
+    assert [a for a in named if a["namespace"] == namespace] == []
+
+
+def test_offline_omni_runs_on_ray_until_a_stage_stays_silent(
+    local_ray: None,
+) -> None:
+    """``Omni`` takes the same backend arguments (on its own loop thread).
+    Then its one stage's worker is stopped for good: the request it holds
+    gets 504, the next one 503, and past the heartbeat timeout the engine is
+    dead with that stage's id (last: it kills this engine).
+
+    The held request is at the stage before the stop (its hang fault keeps
+    it there): its outcome does not depend on a race between its submission
+    and the probe. (It once did: the drill sent a plain request just after
+    the stop and needed it to reach the stage before the probe noticed, and
+    under load it failed with ``DID NOT RAISE OmniStageTimeoutError``.)"""
+    pipeline = pipeline_from_mapping(
+        {
+            "model": "omni-offline",
+            "stages": [{"id": 0, "name": "thinker", "kind": "text"}],
+            "faults": [
+                {"stage": 0, "marker": "@boom", "action": "raise"},
+                {"stage": 0, "marker": "@hang", "action": "hang"},
+            ],
+        }
+    )
+    with Omni(
+        pipeline,
+        worker_backend="ray",
+        heartbeat_timeout_s=4,
+        ray_probe_interval_s=0.25,
+        ray_probe_timeout_s=1,
+    ) as omni:
+        assert omni.engine.worker_backend == "ray"
+        assert omni.generate("offline hello").text == "You said: offline hello"
+        with pytest.raises(OmniEngineGenerateError) as caught:
+            omni.generate("x @boom")
+        assert caught.value.details is not None
+        assert (caught.value.details.status_code, caught.value.details.stage_id) == (
+            500,
+            0,
+        )
+        held: list[BaseException] = []
+        holder = threading.Thread(target=_generate_into, args=(omni, held))
+        holder.start()
+        deadline = time.monotonic() + 10
+        while not omni._call(omni.engine.stage_stats())[0]["active"]:  # type: ignore[index]
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        with stopped(ping(_actor(omni.engine, 0))):
+            holder.join(timeout=15)
+            [timed_out] = held
+            # Silent since before that 504 was raised: refused at once.
+            with pytest.raises(OmniServiceUnavailableError) as refused:
+                omni.generate("refused")
+            deadline = time.monotonic() + 10
+            while not omni.engine.errored:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            with pytest.raises(OmniEngineDeadError) as dead:
+                omni.generate("after")
+    assert isinstance(timed_out, OmniStageTimeoutError), timed_out
+    assert [
+        (e.details.status_code, e.details.stage_id, e.details.fatal)  # type: ignore[attr-defined]
+        for e in (timed_out, refused.value, dead.value)
+    ] == [(504, 0, False), (503, 0, False), (500, 0, True)]
+    assert dead.value.reason == "stage heartbeat lost"
+
+
+def _generate_into(omni: Omni, sink: list[BaseException]) -> None:
+    try:
+        omni.generate("in flight @hang")
+    except BaseException as exc:  # the drill checks which
+        sink.append(exc)
+
+
 def _actor(engine: AsyncOmni, stage_id: int) -> ray.actor.ActorHandle:
     namespace = engine._orchestrator._launcher.namespace  # type: ignore[union-attr]
     return ray.get_actor(f"omni-stage-{stage_id}", namespace=namespace)
@@ -107,6 +228,22 @@ async def test_each_stage_is_a_ray_actor(engines: dict[str, AsyncOmni]) -> None:
     )
     assert outputs[-1].text == "You said: hello ray"
     assert outputs[-1].audio and outputs[-1].audio[:4] == b"RIFF"
+
+
+async def test_stage_actors_export_no_engine_metrics_for_reference_stages(
+    engines: dict[str, AsyncOmni],
+) -> None:
+    """Each actor answers the scrape's call with its registry's vllm:
+    families: none, the reference stages are not vLLM (a vllm stage's are
+    checked on the real engine, tests/real_engine/test_ray.py)."""
+    engine = engines["ray"]
+    for stage_id in (0, 1, 2):
+        call = _actor(engine, stage_id).metrics.options(concurrency_group="metrics")
+        assert await asyncio.to_thread(ray.get, call.remote(), timeout=10) == []
+    text = await asyncio.to_thread(local_text)
+    families = {family.name for family in text_string_to_metric_families(text)}
+    assert "vllm_omni:engine_dead" in families
+    assert not {name for name in families if name.startswith("vllm:")}
 
 
 async def _failure(engine: AsyncOmni, prompt: str, modalities: list[str]) -> Exception:
@@ -158,93 +295,6 @@ async def test_stage_record_is_the_same_on_both_backends(
     assert engines["ray"].is_running and not engines["ray"].errored
 
 
-async def test_placement_that_cannot_happen_is_a_startup_error(
-    local_ray: None,
-) -> None:
-    pipeline = pipeline_from_mapping(
-        {
-            "model": "omni-unplaceable",
-            "worker_backend": "ray",
-            "stage_init_timeout_s": 1.5,
-            "stages": [
-                {"id": 0, "name": "thinker", "kind": "text"},
-                {
-                    "id": 7,
-                    "name": "gpu-talker",
-                    "kind": "talker",
-                    "ray": {"num_cpus": 1, "resources": {"big_gpu_node": 1}},
-                },
-            ],
-        }
-    )
-    engine = AsyncOmni(pipeline)
-    started = time.monotonic()
-    with pytest.raises(StageStartupError) as caught:
-        await engine.start()
-    assert time.monotonic() - started < 30
-    error = caught.value
-    assert error.stage_id == 7
-    assert str(error) == (
-        "Stage 7 (gpu-talker) failed to start: not placed on the Ray cluster "
-        "within 1.5 s (missing: big_gpu_node=1)"
-    )
-    assert error.details is not None and error.details.stage_id == 7
-    assert error.details.status_code == 503
-    assert not engine.is_running
-    namespace = engine._orchestrator._launcher.namespace  # type: ignore[union-attr]
-    named = ray.util.list_named_actors(all_namespaces=True)
-    assert [a for a in named if a["namespace"] == namespace] == []
-
-
-def test_offline_omni_runs_on_ray_until_a_stage_stays_silent(
-    local_ray: None,
-) -> None:
-    """``Omni`` takes the same backend arguments (on its own loop thread).
-    Then its one stage's worker is stopped for good: the request in flight
-    gets 504, the next one 503, and past the heartbeat timeout the engine is
-    dead with that stage's id (last: it kills this engine)."""
-    pipeline = pipeline_from_mapping(
-        {
-            "model": "omni-offline",
-            "stages": [{"id": 0, "name": "thinker", "kind": "text"}],
-            "faults": [{"stage": 0, "marker": "@boom", "action": "raise"}],
-        }
-    )
-    with Omni(
-        pipeline,
-        worker_backend="ray",
-        heartbeat_timeout_s=4,
-        ray_probe_interval_s=0.25,
-        ray_probe_timeout_s=1,
-    ) as omni:
-        assert omni.engine.worker_backend == "ray"
-        assert omni.generate("offline hello").text == "You said: offline hello"
-        with pytest.raises(OmniEngineGenerateError) as caught:
-            omni.generate("x @boom")
-        assert caught.value.details is not None
-        assert (caught.value.details.status_code, caught.value.details.stage_id) == (
-            500,
-            0,
-        )
-        with stopped(ping(_actor(omni.engine, 0))):
-            # Sent within milliseconds of the stop: the probe needs 1 s.
-            with pytest.raises(OmniStageTimeoutError) as timed_out:
-                omni.generate("in flight")
-            with pytest.raises(OmniServiceUnavailableError) as refused:
-                omni.generate("refused")
-            deadline = time.monotonic() + 10
-            while not omni.engine.errored:
-                assert time.monotonic() < deadline
-                time.sleep(0.1)
-            with pytest.raises(OmniEngineDeadError) as dead:
-                omni.generate("after")
-    assert [
-        (e.details.status_code, e.details.stage_id, e.details.fatal)  # type: ignore[union-attr]
-        for e in (timed_out.value, refused.value, dead.value)
-    ] == [(504, 0, False), (503, 0, False), (500, 0, True)]
-    assert dead.value.reason == "stage heartbeat lost"
-
-
 async def _refused(engine: AsyncOmni, request_id: str, modalities: list[str]) -> bool:
     try:
         await collect(engine, "anyone?", request_id=request_id, modalities=modalities)
@@ -271,6 +321,10 @@ async def test_a_silent_stage_times_out_its_requests_and_refuses_new_ones(
         # A request that does not need the silent stage is served.
         text = await collect(engine, "just text", request_id="s3")
         assert text[-1].text == "You said: just text"
+        # A scrape waits for the silent actor's metrics a bounded time only.
+        started = time.monotonic()
+        await asyncio.to_thread(local_text)
+        assert time.monotonic() - started < 4.0
     for error, status, error_type in (
         (timed_out.value, 504, "GatewayTimeoutError"),
         (refused.value, 503, "ServiceUnavailableError"),

@@ -196,7 +196,15 @@ def test_chat_and_speech_cross_nodes(client: openai.OpenAI) -> None:
             "temperature",
             0,
         ),
-        ("t @novoice", ["audio"], openai.NotFoundError, 404, "NotFoundError", None, 1),
+        (
+            "t @novoice",
+            ["text", "audio"],
+            openai.NotFoundError,
+            404,
+            "NotFoundError",
+            None,
+            1,
+        ),
         (
             "t @boom",
             ["text"],
@@ -208,7 +216,7 @@ def test_chat_and_speech_cross_nodes(client: openai.OpenAI) -> None:
         ),
         (
             "t @unavailable",
-            ["audio"],
+            ["text", "audio"],
             openai.InternalServerError,
             503,
             "ServiceUnavailableError",
@@ -432,7 +440,7 @@ def test_a_stopped_stage_actor_is_504_in_flight_and_503_for_new_requests(
 
     def call_sdk() -> None:
         try:
-            in_flight["reply"] = _chat(client, "x @talkhang", ["audio"])
+            in_flight["reply"] = _chat(client, "x @talkhang", ["text", "audio"])
         except openai.APIStatusError as exc:
             in_flight["error"] = exc
 
@@ -451,7 +459,7 @@ def test_a_stopped_stage_actor_is_504_in_flight_and_503_for_new_requests(
     with stopped(talker):
         for thread in threads:
             thread.join(timeout=15)
-        refused = _refusal(client, "more", ["audio"])
+        refused = _refusal(client, "more", ["text", "audio"])
         refused_stream = _refused_stream(server, ["text", "audio"])
         # A request that does not need the silent stage is served.
         assert _chat(client, "only text", ["text"]).choices[0].message.content == (
@@ -550,7 +558,7 @@ def test_node_loss_fails_in_flight_requests_and_exits_or_keeps_alive(
                 server,
                 {
                     "messages": [{"role": "user", "content": "x @talkhang"}],
-                    "modalities": ["audio"],
+                    "modalities": ["text", "audio"],
                 },
                 at_talker,
             ),

@@ -6,6 +6,11 @@ request is a 500 naming the vllm stage, and the server exits 1 — unless
 Before the kill, both servers (LoRA off) answer a LoRA request with a 400,
 and a client that hangs up mid-stream has its request aborted in the engine.
 
+The engine's metrics of the dead stage (issue 27): its gauges leave
+``/metrics``, its counters stay, and the requests the death failed are no
+finished request of any reason (as in ``vllm serve``). Neither server
+leaves its stages' multiprocess files behind once it exited.
+
 These servers allow ``LONG_MODEL_LEN`` tokens: a response of tens of
 thousands of tokens takes the tiny model over a minute, far longer than any
 client needs to act on its first chunk (at 112 tokens the whole stream could
@@ -33,9 +38,16 @@ import openai
 import pytest
 
 from tests.e2e.omni_server import OmniServer, start_server
+from tests.prom import value
 from tests.real_engine.conftest import (
     running_servers,
     write_tiny_pipeline,
+)
+from tests.real_engine.engine_metrics import (
+    engine_families,
+    engine_gauges,
+    metrics_text,
+    success_by_reason,
 )
 from tests.real_engine.pause import EnginePause, Stream, warm_up
 from tests.real_engine.tiny_model import LONG_MODEL_LEN
@@ -65,23 +77,37 @@ def servers(
             enable_log_requests=True,
         )
 
+    def temp(name: str) -> dict[str, str]:
+        """A temp directory of the server's own (TMPDIR), to look for leftovers."""
+        (root / name / "tmp").mkdir(parents=True)
+        return {"TMPDIR": str(root / name / "tmp")}
+
     # One after the other: two engines starting at once on 2 cores can pass
     # the orchestrator's 120 s startup limit when the machine is busy.
     with (
         running_servers(
-            {"exits": start_server(root / "exits", pipeline(root / "exits"))}
+            {
+                "exits": start_server(
+                    root / "exits", pipeline(root / "exits"), env=temp("exits")
+                )
+            }
         ) as exits,
         running_servers(
             {
                 "alive": start_server(
                     root / "alive",
                     pipeline(root / "alive"),
-                    env={"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"},
+                    env={"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1", **temp("alive")},
                 )
             }
         ) as alive,
     ):
         yield {**exits, **alive}
+
+
+def metrics_dirs(server: OmniServer) -> list[Path]:
+    """The stages' multiprocess directories in the server's TMPDIR."""
+    return list((server.log_path.parent / "tmp").glob("vllm-omni-metrics-*"))
 
 
 def _plain(base: str, sink: dict[str, Any]) -> None:
@@ -202,15 +228,28 @@ def test_sigkill_of_the_engine_core_fails_in_flight_and_exits_1(
     assert_stage_500(plain)
     assert server.proc.wait(timeout=30) == 1
     assert "engine dead: stage 1" in server.log()
+    assert metrics_dirs(server) == []
 
 
 def test_keep_alive_serves_503_health_and_500s(
     servers: dict[str, OmniServer],
 ) -> None:
     server = servers["alive"]
+    before = metrics_text(server)
+    assert engine_gauges(before)  # the stage's, while it runs
+    (directory,) = metrics_dirs(server)
+    assert list(directory.glob("stage-1/*.db"))
     events, plain = kill_engine_during_stream(server)
     assert_terminal_error(events)
     assert_stage_500(plain)
+    after = _once_gauges_left(server)
+    # The warm-up stream finished; the two the death failed did not.
+    assert sum(success_by_reason(after).values()) == (
+        sum(success_by_reason(before).values()) + 1
+    )
+    success = engine_families(after)["vllm:request_success"]
+    assert {s.labels["stage"] for s in success.samples} == {"1"}
+    assert value(after, "vllm_omni:engine_dead") == 1
     health = httpx.get(server.base_url + "/health", timeout=5)
     assert health.status_code == 503
     assert health.json()["error"]["code"] == 503
@@ -223,3 +262,22 @@ def test_keep_alive_serves_503_health_and_500s(
     assert after.json()["error"]["message"] == GENERIC
     time.sleep(1)
     assert server.proc.poll() is None
+
+
+def _once_gauges_left(server: OmniServer) -> str:
+    """``/metrics`` once the dead stage's gauges left it (the launcher reports
+    the stage's exit a moment after the engine is marked dead)."""
+    deadline = time.monotonic() + 10
+    while engine_gauges(text := metrics_text(server)):
+        assert time.monotonic() < deadline, engine_gauges(text)
+        time.sleep(0.1)
+    return text
+
+
+def test_no_metrics_files_are_left_once_the_servers_stopped(
+    servers: dict[str, OmniServer],
+) -> None:
+    for server in servers.values():
+        server.stop()
+        assert server.proc.returncode is not None
+        assert metrics_dirs(server) == []

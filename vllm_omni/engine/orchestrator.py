@@ -16,6 +16,11 @@ into results or exceptions:
 - a fatal record, or a stage process that died (polled every 100 ms), marks
   the engine dead: every in-flight request fails with
   ``OmniEngineDeadError(stage_id=…)`` and new ones are refused;
+- a stage on another host (``remote``, or started by a launcher) is watched
+  by its heartbeats: not heard from for ``silence_timeout_s`` it is
+  *silent* (below), heard again it is not; not heard from for
+  ``heartbeat_timeout_s`` it is dead (a partition that long, or a host
+  gone);
 - a consumer that goes away (``CancelledError``/``GeneratorExit``) aborts the
   request in every stage; that is not an error;
 - until every stage is ready, any failure (a stage's startup record, a stage
@@ -31,17 +36,23 @@ into results or exceptions:
   bounds what it holds), so a send either reaches the stage's pipe or fails
   its request with a canonical error.
 
+Each local stage process keeps its engine's metrics in a directory of its
+own under one directory per engine (``stage_metrics``), which this module
+creates, puts on ``/metrics`` and removes when it shuts down.
+
 Stages run as local processes unless a ``StageLauncher`` is given (the Ray
 backend, ``ray_backend.py``): it then starts the stages, over ``tcp://``,
 and reports their exits (this module only marks the engine dead) and what
-its probes see at request time (``LauncherHooks``):
+its probes see at request time (``LauncherHooks``).
 
-- a stage that stops answering its probe fails the requests in flight at
-  that stage with ``OmniStageTimeoutError`` (504, its ``stage_id``), aborted
-  in every stage, and every request that needs it (new, or moving on to it)
-  is refused with ``OmniServiceUnavailableError`` (503, its ``stage_id``,
-  retryable) until it answers again; silent for ``heartbeat_timeout_s``, it
-  is dead as a remote stage is;
+A silent stage - its heartbeats stopped arriving, or its launcher's probe
+got no answer - fails the requests in flight at that stage with
+``OmniStageTimeoutError`` (504, its ``stage_id``), aborted in every stage,
+and every request that needs it (new, or moving on to it) is refused with
+``OmniServiceUnavailableError`` (503, its ``stage_id``, retryable) until it
+is heard (and its probe answers) again; silent for ``heartbeat_timeout_s``,
+it is dead. From the launcher, besides:
+
 - a control plane that does not answer (Ray's GCS) refuses new requests with
   that 503 and the ``stage_id`` of their first stage, while requests already
   admitted go on over the wire, which does not need it.
@@ -71,12 +82,13 @@ import zmq
 from vllm.exceptions import QueueOverflowError
 
 from vllm_omni import __version__
-from vllm_omni.config import PipelineConfig, StageConfig
+from vllm_omni.config import HEARTBEAT_INTERVAL_S, PipelineConfig, StageConfig
 from vllm_omni.engine import hops, liveness, processes
 from vllm_omni.engine import messages as m
 from vllm_omni.engine.inline import InlineStage, runs_inline
 from vllm_omni.engine.loop_socket import LoopSocket
 from vllm_omni.engine.processes import LauncherError, Lease, StageProcess
+from vllm_omni.engine.stage_metrics import STAGE_METRICS, StageDirectories
 from vllm_omni.engine.stage_worker import WorkerSpec, stage_identity
 from vllm_omni.errors import (
     OmniConflictError,
@@ -125,7 +137,6 @@ _PRODUCERS: dict[str, tuple[tuple[str, ...], ...]] = {
 }
 _TEXT_KINDS = ("text", "vllm")
 _WATCH_INTERVAL_S = 0.1
-_HEARTBEAT_S = 1.0
 _PARAM_TYPES = (str, int, float, bool, bytes, type(None))
 # Requests in flight per engine before admission refuses (upstream's
 # ``--max-num-queued-reqs``); big enough for bursts, small enough that the
@@ -212,10 +223,16 @@ class _StageHandle:
         self.ready: asyncio.Future[m.Ready] = loop.create_future()
         self.pid: int | None = None
         self.last_seen = loop.time()
-        # The launcher's probe got no answer: requests for it are refused.
-        self.silent = False
+        # Why it is silent: "heartbeat" (not heard from for silence_timeout_s)
+        # and/or "probe" (its launcher's probe got no answer). While either
+        # holds, requests for it are refused.
+        self.silent_by: set[str] = set()
         # Set when the stage runs in this process (``engine.inline``).
         self.inline: InlineStage | None = None
+
+    @property
+    def silent(self) -> bool:
+        return bool(self.silent_by)
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -275,15 +292,23 @@ def _read_by(kinds: tuple[str, ...]) -> frozenset[str]:
     return frozenset().union(*(stage_params(kind) for kind in kinds))
 
 
-def _reap(processes: list[StageProcess], lease: Lease, ipc_dir: str | None) -> None:
+def _reap(
+    processes: list[StageProcess],
+    lease: Lease,
+    ipc_dir: str | None,
+    metrics: StageDirectories,
+) -> None:
     """Last resort (GC, interpreter exit): no stage outlives its engine; the
-    launcher closes with its last lease."""
+    launcher closes with its last lease. Also the end of every shutdown: the
+    stages' metrics leave ``/metrics`` and their files the disk."""
     for process in processes:
         with contextlib.suppress(Exception):
             if process.is_alive():
                 process.kill()
                 process.join(1.0)
     lease.release()
+    STAGE_METRICS.remove(metrics)
+    shutil.rmtree(metrics.root, ignore_errors=True)
     if ipc_dir is not None:
         shutil.rmtree(ipc_dir, ignore_errors=True)
 
@@ -300,6 +325,7 @@ class Orchestrator:
         port: int = 0,
         startup_timeout_s: float = 120.0,
         heartbeat_timeout_s: float = 10.0,
+        silence_timeout_s: float | None = None,
         death_grace_s: float = 0.1,
         launcher: StageLauncher | None = None,
         max_num_queued_reqs: int = DEFAULT_MAX_NUM_QUEUED_REQS,
@@ -326,6 +352,8 @@ class Orchestrator:
         self._port = port
         self._startup_timeout_s = startup_timeout_s
         self._heartbeat_timeout_s = heartbeat_timeout_s
+        # None: a stage is never silent, only dead after heartbeat_timeout_s.
+        self._silence_timeout_s = silence_timeout_s
         self._death_grace_s = death_grace_s
         self._launcher = launcher
         self.address = ""
@@ -503,7 +531,11 @@ class Orchestrator:
         the launcher to import vLLM)."""
         lease = processes.acquire()
         started: list[StageProcess] = []
-        self._finalizer = weakref.finalize(self, _reap, started, lease, self._ipc_dir)
+        metrics = StageDirectories(tempfile.mkdtemp(prefix="vllm-omni-metrics-"))
+        self._finalizer = weakref.finalize(
+            self, _reap, started, lease, self._ipc_dir, metrics
+        )
+        STAGE_METRICS.add(metrics)
         level, tracebacks = _stage_log_settings()
         for handle in self._handles.values():
             if handle.config.remote or runs_inline(handle.config, self.pipeline, True):
@@ -515,6 +547,7 @@ class Orchestrator:
                 orchestrator_pid=os.getpid(),
                 log_level=level,
                 log_tracebacks=tracebacks,
+                metrics_dir=metrics.directory(handle.config.id),
             )
             name = f"omni-stage-{handle.config.id}-{handle.config.name}"
             try:
@@ -523,6 +556,7 @@ class Orchestrator:
                 raise StageStartupError(handle.config, str(exc)) from None
             handle.process = process
             started.append(process)
+            metrics.add(handle.config.id, process.is_alive)
 
     def shutdown(self, timeout_s: float = 3.0) -> None:
         """Stop every stage and release sockets; idempotent. Call it from the
@@ -699,15 +733,20 @@ class Orchestrator:
                         f"stage process exited with code {process.exitcode}",
                     )
                     return
-                if (
-                    self._watched_by_heartbeat(handle)
-                    and handle.ready.done()
-                    and now - handle.last_seen > self._heartbeat_timeout_s
-                ):
-                    self._mark_dead(handle.config.id, "stage heartbeat lost")
-                    return
+                if self._watched_by_heartbeat(handle) and handle.ready.done():
+                    unheard = now - handle.last_seen
+                    if unheard > self._heartbeat_timeout_s:
+                        self._mark_dead(handle.config.id, "stage heartbeat lost")
+                        return
+                    if self._silence_timeout_s is not None:
+                        self._set_silent(
+                            handle,
+                            "heartbeat",
+                            unheard > self._silence_timeout_s,
+                            f"not heard from for {unheard:.1f} s",
+                        )
             if now >= next_beat:
-                next_beat = now + _HEARTBEAT_S
+                next_beat = now + HEARTBEAT_INTERVAL_S
                 for handle in self._handles.values():
                     if self._watched_by_heartbeat(handle):
                         self._post(handle, m.Heartbeat())
@@ -727,12 +766,24 @@ class Orchestrator:
 
     def _on_stage_answering(self, stage_id: int, answering: bool) -> None:
         """A launched stage's probe changed: see the module docstring."""
-        handle = self._handles[stage_id]
-        if handle.silent is not answering or self._closed:
+        self._set_silent(
+            self._handles[stage_id], "probe", not answering, "its probe got no answer"
+        )
+
+    def _set_silent(
+        self, handle: _StageHandle, source: str, silent: bool, why: str
+    ) -> None:
+        """``source`` says the stage is silent (or no longer); on the change of
+        the stage's state, fail what it holds, or admit again."""
+        was = handle.silent
+        if silent:
+            handle.silent_by.add(source)
+        else:
+            handle.silent_by.discard(source)
+        if handle.silent == was or self._closed or self._dead is not None:
             return
-        handle.silent = not answering
-        name = handle.config.name
-        if answering:
+        stage_id, name = handle.config.id, handle.config.name
+        if not silent:
             logger.info("stage %d (%s) answers again: admitting", stage_id, name)
             return
         stuck = [
@@ -741,10 +792,11 @@ class Orchestrator:
             if not r.closed and r.stage is not None and r.stage.id == stage_id
         ]
         logger.warning(
-            "stage %d (%s) does not answer: %d request(s) in flight there fail "
-            "with 504, new ones for it are refused with 503",
+            "stage %d (%s) does not answer (%s): %d request(s) in flight there "
+            "fail with 504, new ones for it are refused with 503",
             stage_id,
             name,
+            why,
             len(stuck),
         )
         for request in stuck:

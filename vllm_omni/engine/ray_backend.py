@@ -18,6 +18,12 @@ Owns everything Ray-specific, so that ``import vllm_omni`` and the default
   (actor killed, its node lost, its worker OOM-killed, or a ``RayTaskError``
   out of the actor itself) is reported to the orchestrator, which marks the
   engine dead with that stage id;
+- the engines' ``vllm:*`` metrics (``stage_metrics``): an actor keeps its
+  stage's in its own registry (it may run on another host, so no shared
+  files); at every scrape the launcher asks each actor for them
+  (``metrics``, a concurrency group of its own, bounded by
+  ``_METRICS_TIMEOUT_S``), and shows a stage that does not answer (dead, or
+  cut off) with the counters it last reported and without gauges;
 - the request-time probe (``RAY_PROBE_FAILURES``): a thread of its own pings
   every stage actor (``ping`` runs in a concurrency group of its own, so it
   never queues behind ``run``) and calls the GCS, each with a deadline, every
@@ -45,13 +51,22 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from prometheus_client import REGISTRY
+from prometheus_client.metrics_core import Metric
+
 from vllm_omni.config import (
+    DEFAULT_HEARTBEAT_TIMEOUT_S,
     DEFAULT_RAY_PROBE_INTERVAL_S,
     DEFAULT_RAY_PROBE_TIMEOUT_S,
     PipelineConfig,
     StageConfig,
 )
 from vllm_omni.engine.orchestrator import LauncherHooks, StageStartupError
+from vllm_omni.engine.stage_metrics import (
+    STAGE_METRICS,
+    engine_families,
+    without_gauges,
+)
 from vllm_omni.engine.stage_worker import StageWorker, WorkerSpec
 from vllm_omni.errors import (
     OmniServiceUnavailableError,
@@ -67,11 +82,11 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# A stage on another host is also dropped when the orchestrator goes silent
-# (Ray's owner fate-sharing normally ends it first).
-_ORCHESTRATOR_TIMEOUT_S = 30.0
 _CONNECT_TIMEOUT_S = 10.0
 _PROBE_GROUP = "probe"
+_METRICS_GROUP = "metrics"
+# How long a scrape waits for the stage actors' metrics, all together.
+_METRICS_TIMEOUT_S = 2.0
 # The GCS call of the cluster probe: an existence check of an unused key.
 _PROBE_KEY = b"vllm-omni-probe"
 _PROBE_NAMESPACE = b"vllm-omni"
@@ -123,6 +138,11 @@ class _StageActor:
         ``run``): this worker's process id."""
         return os.getpid()
 
+    def metrics(self) -> list[Metric]:
+        """The ``vllm:`` families of this actor's registry (its stage's
+        engine), run in the actor's metrics group (a thread of its own)."""
+        return engine_families(REGISTRY.collect())
+
     def run(self, spec: WorkerSpec) -> int:
         logging.basicConfig(
             level=logging.INFO,
@@ -131,9 +151,18 @@ class _StageActor:
         install_log_redaction()
         worker = StageWorker(spec)
         try:
-            return asyncio.run(worker.serve())
+            code = asyncio.run(worker.serve())
         finally:
             worker.close()
+        if worker.orphaned:
+            # Nobody will use or kill this actor: its orchestrator is gone or
+            # cut off (its node partitioned). Its process must not linger on
+            # that host, holding the stage's resources. Not exit_actor(): it
+            # first reports to the GCS, which a partition makes wait ~12 s
+            # more; the raylet sees this exit and reports it when it can.
+            logging.shutdown()
+            os._exit(0)
+        return code
 
 
 def _actor_options(stage: StageConfig, name: str, namespace: str) -> dict[str, Any]:
@@ -188,12 +217,15 @@ class RayStageLauncher:
         stage_init_timeout_s: float = 120.0,
         probe_interval_s: float = DEFAULT_RAY_PROBE_INTERVAL_S,
         probe_timeout_s: float = DEFAULT_RAY_PROBE_TIMEOUT_S,
+        orchestrator_timeout_s: float = 2 * DEFAULT_HEARTBEAT_TIMEOUT_S,
     ) -> None:
         self._address = address
         self._stage_init_timeout_s = stage_init_timeout_s
         self._probe_interval_s = probe_interval_s
         self._probe_timeout_s = probe_timeout_s
+        self._orchestrator_timeout_s = orchestrator_timeout_s
         self._probe: _Probe | None = None
+        self._metrics: _ActorMetrics | None = None
         self._namespace = f"vllm-omni-{uuid.uuid4().hex[:12]}"
         self._owns_ray = False
         self._actors: dict[int, Any] = {}
@@ -256,7 +288,9 @@ class RayStageLauncher:
     ) -> None:
         import ray
 
-        actor_class = ray.remote(concurrency_groups={_PROBE_GROUP: 1})(_StageActor)
+        actor_class = ray.remote(
+            concurrency_groups={_PROBE_GROUP: 1, _METRICS_GROUP: 1}
+        )(_StageActor)
         # Where an operator finds them (ray list actors --filter namespace=...).
         logger.info("stage actors: Ray namespace %s", self._namespace)
         for stage in pipeline.stages:
@@ -303,7 +337,7 @@ class RayStageLauncher:
                 stage=stage,
                 pipeline=pipeline,
                 address=address,
-                orchestrator_timeout_s=_ORCHESTRATOR_TIMEOUT_S,
+                orchestrator_timeout_s=self._orchestrator_timeout_s,
             )
             run = self._actors[stage.id].run.remote(spec)
             self._runs[stage.id] = run
@@ -313,6 +347,8 @@ class RayStageLauncher:
                     name=f"omni-ray-stage-{stage.id}",
                 )
             )
+        self._metrics = _ActorMetrics(dict(self._actors))
+        STAGE_METRICS.add(self._metrics)
         self._probe = _Probe(
             dict(self._actors),
             hooks,
@@ -325,6 +361,9 @@ class RayStageLauncher:
     def stop(self, timeout_s: float) -> None:
         for waiter in self._waiters:
             waiter.cancel()
+        if self._metrics is not None:
+            STAGE_METRICS.remove(self._metrics)
+            self._metrics = None
         if self._probe is not None:
             self._probe.stop()
             self._probe = None
@@ -366,6 +405,47 @@ class RayStageLauncher:
             on_exit(stage_id, describe_exit(exc))
             return
         on_exit(stage_id, describe_exit(None, code))
+
+
+class _ActorMetrics:
+    """The stage actors' engine metrics, asked for at each scrape (from the
+    scrape's thread): one call per actor at a time, all bounded together by
+    ``_METRICS_TIMEOUT_S``. An actor that does not answer in time (dead,
+    stopped, cut off) is shown with the counters and histograms it last
+    reported, without gauges; its call, still pending, is waited for at the
+    next scrape instead of being sent again."""
+
+    def __init__(self, actors: Mapping[int, Any]) -> None:
+        self._actors = dict(actors)
+        self._pending: dict[int, Any] = {}
+        self._last: dict[int, list[Metric]] = {}
+        self._lock = threading.Lock()
+
+    def stage_families(self) -> list[tuple[int, list[Metric]]]:
+        import ray
+
+        with self._lock:  # one scrape at a time asks the actors
+            for stage_id, actor in self._actors.items():
+                if stage_id not in self._pending:
+                    call = actor.metrics.options(concurrency_group=_METRICS_GROUP)
+                    self._pending[stage_id] = call.remote()
+            deadline = time.monotonic() + _METRICS_TIMEOUT_S
+            found: list[tuple[int, list[Metric]]] = []
+            for stage_id in self._actors:
+                left = max(0.0, deadline - time.monotonic())
+                try:
+                    families = ray.get(self._pending[stage_id], timeout=left)
+                except Exception as exc:
+                    if not isinstance(exc, ray.exceptions.GetTimeoutError):
+                        self._pending.pop(stage_id)  # it failed: ask again
+                    found.append(
+                        (stage_id, without_gauges(self._last.get(stage_id, [])))
+                    )
+                    continue
+                self._pending.pop(stage_id)
+                self._last[stage_id] = families
+                found.append((stage_id, families))
+            return found
 
 
 class _Probe:

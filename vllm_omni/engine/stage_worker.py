@@ -16,7 +16,8 @@ orchestrator's admission limit bounds what can be queued), it queues.
 
 A worker never outlives its orchestrator: a local stage polls its parent
 (the launcher, which exits with the orchestrator) and the orchestrator's
-pid; a remote stage exits when the orchestrator has been silent too long.
+pid; a remote stage exits when the orchestrator has been silent too long
+(``orphaned`` is then true).
 
 A stage that cannot be built or started sends one record without a request
 id (``OmniServiceUnavailableError`` naming the exception class and the first
@@ -58,11 +59,17 @@ from typing import Any
 import zmq
 
 from vllm_omni import __version__
-from vllm_omni.config import PipelineConfig, StageConfig, load_pipeline
+from vllm_omni.config import (
+    HEARTBEAT_INTERVAL_S,
+    PipelineConfig,
+    StageConfig,
+    load_pipeline,
+)
 from vllm_omni.engine import hops, liveness
 from vllm_omni.engine import messages as m
 from vllm_omni.engine.faults import apply_fault, matching_fault
 from vllm_omni.engine.loop_socket import LoopSocket
+from vllm_omni.engine.stage_metrics import keep_in
 from vllm_omni.errors import OmniServiceUnavailableError, fatal_reason, normalize
 from vllm_omni.errors.details import OmniErrorDetails
 from vllm_omni.errors.logs import install_log_redaction
@@ -111,12 +118,14 @@ class WorkerSpec:
     address: str
     # Local stages: exit when this process is gone.
     orchestrator_pid: int | None = None
-    heartbeat_s: float = 1.0
+    heartbeat_s: float = HEARTBEAT_INTERVAL_S
     # Remote stages: exit when the orchestrator has been silent this long.
     orchestrator_timeout_s: float | None = None
     # What the engine's process would show for ``vllm_omni.stage``.
     log_level: int = logging.INFO
     log_tracebacks: bool = True
+    # Local stages: where this process keeps its metrics (``stage_metrics``).
+    metrics_dir: str | None = None
 
 
 @dataclasses.dataclass(slots=True)
@@ -208,6 +217,8 @@ class StageWorker:
         self._linger_ms = 0
         # Compact error records only once the orchestrator said it reads them.
         self._compact = False
+        # Stopped because the orchestrator is gone or was silent too long.
+        self.orphaned = False
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -441,7 +452,12 @@ class StageWorker:
             orphaned = os.getppid() != parent or (pid is not None and not _alive(pid))
             silent = timeout is not None and now - self._last_heard > timeout
             if orphaned or silent:
-                logger.warning("stage %d: orchestrator gone, exiting", self.stage_id)
+                logger.warning(
+                    "stage %d: orchestrator %s, exiting",
+                    self.stage_id,
+                    "gone" if orphaned else f"silent for {timeout:g} s",
+                )
+                self.orphaned = True
                 stop.set()
                 return
 
@@ -563,6 +579,8 @@ def run_stage_process(spec: WorkerSpec) -> None:
     # the whole process group and must not kill stages under a live engine.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     configure_logging(spec.stage.id, spec.log_level, spec.log_tracebacks)
+    if spec.metrics_dir is not None:
+        keep_in(spec.metrics_dir)  # before the engine creates its metrics
     warm_rule_set()  # the first failure's record must not wait for it
     code = _serve(spec)
     sys.stdout.flush()
@@ -578,7 +596,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--pipeline", default="reference")
     parser.add_argument("--stage-id", type=int, required=True)
-    parser.add_argument("--orchestrator-timeout-s", type=float, default=30.0)
+    parser.add_argument(
+        "--orchestrator-timeout-s",
+        type=float,
+        default=30.0,
+        help="exit when the orchestrator has not been heard from for this long "
+        "(keep it at least twice the engine's heartbeat_timeout_s)",
+    )
     parser.add_argument(
         "--log-level", default="info", choices=("debug", "info", "warning", "error")
     )
@@ -595,4 +619,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Skip the interpreter's teardown of vLLM and torch (seconds): a stage
+    # that gave up on its orchestrator is gone when it says so.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

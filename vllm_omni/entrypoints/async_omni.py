@@ -42,8 +42,10 @@ from typing import TYPE_CHECKING, Any, get_args
 
 from vllm_omni.config import (
     PipelineConfig,
+    PipelineConfigError,
     StageConfig,
     WorkerBackend,
+    liveness_settings,
     load_pipeline,
 )
 from vllm_omni.engine.orchestrator import (
@@ -72,12 +74,23 @@ class AsyncOmni:
     Args:
         pipeline: ``"reference"`` (built in), a YAML file path, or a loaded
             ``PipelineConfig``.
-        transport: ``"ipc"`` (default; a socket in a private temp dir) or
-            ``"tcp"`` (needed when some stages run on other hosts).
-        host, port: where to bind for ``tcp`` (port 0: any free port).
+        transport: ``"ipc"`` (a socket in a private temp dir) or ``"tcp"``
+            (needed when some stages run on other hosts); default: ``tcp``
+            when the pipeline has an ``orchestrator_address``, else ``ipc``.
+        host, port: where to bind for ``tcp`` (port 0: any free port);
+            default: the pipeline's ``orchestrator_address``, else
+            127.0.0.1 and any port.
         startup_timeout_s: how long ``start`` waits for every stage.
-        heartbeat_timeout_s: silence after which a *remote* stage is dead
-            (local stages are watched through their process, every 100 ms).
+        heartbeat_timeout_s: silence after which a stage on another host
+            (``remote``, or a Ray actor) is dead; default: the pipeline's,
+            10 s (local stages are watched through their process, every
+            100 ms).
+        silence_timeout_s: silence after which such a stage is *silent*:
+            the requests in flight there fail with 504, the ones that need
+            it are refused with 503 until it is heard again; default: the
+            pipeline's, 3 s (none when the heartbeat timeout is not above
+            it). Between the 1 s heartbeat interval and
+            ``heartbeat_timeout_s``.
         worker_backend: ``"multi_process"`` (local stage processes) or
             ``"ray"`` (one Ray actor per stage); default: the pipeline's
             ``worker_backend``, else ``multi_process``.
@@ -101,11 +114,12 @@ class AsyncOmni:
         self,
         pipeline: str | os.PathLike[str] | PipelineConfig = "reference",
         *,
-        transport: Transport = "ipc",
-        host: str = "127.0.0.1",
-        port: int = 0,
+        transport: Transport | None = None,
+        host: str | None = None,
+        port: int | None = None,
         startup_timeout_s: float = 120.0,
-        heartbeat_timeout_s: float = 10.0,
+        heartbeat_timeout_s: float | None = None,
+        silence_timeout_s: float | None = None,
         worker_backend: WorkerBackend | None = None,
         ray_address: str | None = None,
         stage_init_timeout_s: float | None = None,
@@ -119,6 +133,9 @@ class AsyncOmni:
         except Exception as exc:
             raise_for_caller(exc)
         self.worker_backend = _backend(worker_backend or self.config.worker_backend)
+        heartbeat_timeout_s, silence = _liveness(
+            self.config, heartbeat_timeout_s, silence_timeout_s
+        )
         launcher: StageLauncher | None = None
         if self.worker_backend == "ray":
             from vllm_omni.engine.ray_backend import RayStageLauncher
@@ -135,14 +152,21 @@ class AsyncOmni:
                 or self.config.stage_init_timeout_s,
                 probe_interval_s=interval,
                 probe_timeout_s=timeout,
+                # By then the orchestrator has declared the stage dead, even
+                # when a healed link came back one way first (TCP's
+                # retransmission backoff can delay the other direction about
+                # as long as the cut lasted).
+                orchestrator_timeout_s=2 * heartbeat_timeout_s,
             )
+        listen = self.config.orchestrator_address
         self._orchestrator = Orchestrator(
             self.config,
-            transport=transport,
-            host=host,
-            port=port,
+            transport=transport or ("tcp" if listen else "ipc"),
+            host=host or (listen[0] if listen else "127.0.0.1"),
+            port=port if port is not None else (listen[1] if listen else 0),
             startup_timeout_s=startup_timeout_s,
             heartbeat_timeout_s=heartbeat_timeout_s,
+            silence_timeout_s=silence,
             launcher=launcher,
             max_num_queued_reqs=max_num_queued_reqs,
         )
@@ -253,12 +277,14 @@ class AsyncOmni:
           failure, the semantic 501/503/504 class or ``OmniServerError`` for
           other server errors a stage raised;
         - ``OmniStageTimeoutError`` (504, ``stage_id``) when a stage misses
-          its deadline, or (Ray backend) stops answering its probe while the
-          request is there; the request is aborted in every stage;
-        - on the Ray backend, ``OmniServiceUnavailableError`` (503,
-          ``stage_id``, retryable) when a stage the request needs does not
-          answer its probe, or the cluster's GCS does not answer (the
-          ``stage_id`` of the request's first stage).
+          its deadline, or a stage on another host (remote, or a Ray actor)
+          falls silent while the request is there (no heartbeat for
+          ``silence_timeout_s``, or its Ray probe unanswered); the request
+          is aborted in every stage;
+        - ``OmniServiceUnavailableError`` (503, ``stage_id``, retryable) when
+          a stage the request needs is silent, or, on the Ray backend, the
+          cluster's GCS does not answer (the ``stage_id`` of the request's
+          first stage).
 
         Every exception carries ``.details``, the record the server would
         render (with this ``request_id``), and survives ``pickle``.
@@ -380,6 +406,21 @@ def _probe_settings(
             parameter=where,
         )
     return chosen["interval_s"][0], timeout
+
+
+def _liveness(
+    config: PipelineConfig, heartbeat_timeout_s: object, silence_timeout_s: object
+) -> tuple[float, float | None]:
+    """The heartbeat and silence timeouts: the arguments, else the pipeline's;
+    a bad one raises ``VLLMValidationError`` naming it."""
+    try:
+        if heartbeat_timeout_s is None:
+            heartbeat_timeout_s = config.heartbeat_timeout_s
+        if silence_timeout_s is None:
+            silence_timeout_s = config.silence_timeout_s
+        return liveness_settings(heartbeat_timeout_s, silence_timeout_s)
+    except PipelineConfigError as exc:
+        raise VLLMValidationError(exc.message, parameter=exc.parameter) from None
 
 
 def _backend(name: str) -> WorkerBackend:

@@ -37,6 +37,7 @@ from vllm_omni.errors.table import (
     row_for,
 )
 from vllm_omni.errors.types import (
+    GRACEFUL_REBUILDS,
     REMOTE_TYPES,
     UNPICKLABLE_UPSTREAM,
     OmniClientError,
@@ -261,7 +262,9 @@ def for_caller(exc: Exception, *, request_id: str | None = None) -> VLLMError:
 
     The Python APIs are a transport like HTTP: ``.details`` is the record the
     server would render (with the request id). A semantic exception that
-    survives ``pickle`` is handed on itself, with ``.details`` set; anything
+    survives ``pickle`` is handed on itself, with ``.details`` set; upstream's
+    admission refusals (``QueueOverflowError``, ``MaxQueuedTokensError``) are
+    rebuilt as their own class that pickles (``GRACEFUL_REBUILDS``); anything
     else (an upstream type that cannot round-trip, an unknown exception) is
     replaced by the record rebuilt with ``to_exception``; raise it ``from``
     the original, which keeps the traceback in this process.
@@ -273,6 +276,9 @@ def for_caller(exc: Exception, *, request_id: str | None = None) -> VLLMError:
         except Exception:
             return to_exception(details, reason=_attr(exc, "reason"))
         return exc
+    rebuild = GRACEFUL_REBUILDS.get(type(exc))  # type: ignore[arg-type]
+    if rebuild is not None:
+        return rebuild(details)
     reason = _attr(exc, "reason")
     return to_exception(details, reason=reason if isinstance(reason, str) else None)
 

@@ -49,11 +49,14 @@ This module owns the classes only: it does not map, sanitize or render.
 from __future__ import annotations
 
 import warnings
+from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from vllm.exceptions import (
     GenerationError,
     GracefulHTTPError,
+    MaxQueuedTokensError,
+    QueueOverflowError,
     VLLMClientError,
     VLLMError,
     VLLMNotFoundError,
@@ -75,6 +78,7 @@ else:
     EngineGenerateError = engine_exceptions().EngineGenerateError
 
 __all__ = [
+    "GRACEFUL_REBUILDS",
     "REMOTE_TYPES",
     "UNPICKLABLE_UPSTREAM",
     "EngineDeadError",
@@ -91,10 +95,12 @@ __all__ = [
     "OmniServiceUnavailableError",
     "OmniStageTimeoutError",
     "RemoteGuardrailViolationError",
+    "RemoteMaxQueuedTokensError",
     "RemoteOmniConflictError",
     "RemoteOmniNotImplementedError",
     "RemoteOmniServiceUnavailableError",
     "RemoteOmniStageTimeoutError",
+    "RemoteQueueOverflowError",
     "RemoteVLLMNotFoundError",
     "RemoteVLLMUnprocessableEntityError",
     "RemoteVLLMValidationError",
@@ -420,6 +426,46 @@ class RemoteOmniServiceUnavailableError(
 class RemoteOmniStageTimeoutError(_Remote, OmniStageTimeoutError, OmniServerError):
     """A stage's own 504: an ``OmniStageTimeoutError`` and an ``OmniServerError``."""
 
+
+class _RemoteGraceful(_Remote):
+    """Mixin: an upstream ``GracefulHTTPError`` rebuilt so that it pickles.
+
+    Sets the attributes upstream's class has (``message``, ``http_status``),
+    so code written against upstream reads them as before.
+    """
+
+    def __init__(self, details: OmniErrorDetails) -> None:
+        super().__init__(details)
+        self.message = details.message
+        self.http_status = HTTPStatus(details.status_code)
+
+
+class RemoteQueueOverflowError(
+    _RemoteGraceful, QueueOverflowError, OmniServiceUnavailableError, OmniServerError
+):
+    """Admission's 503: upstream's ``QueueOverflowError``, an
+    ``OmniServiceUnavailableError`` and an ``OmniServerError``, that pickles."""
+
+
+class RemoteMaxQueuedTokensError(
+    _RemoteGraceful,
+    MaxQueuedTokensError,
+    OmniServiceUnavailableError,
+    OmniServerError,
+):
+    """The prefill backlog's 503: upstream's ``MaxQueuedTokensError``, an
+    ``OmniServiceUnavailableError`` and an ``OmniServerError``, that pickles."""
+
+
+# Upstream's admission refusals do not pickle, and their records cannot be
+# told apart (both a 503 "Service Unavailable"); the APIs see the original in
+# their own process and hand callers this rebuild of the same class, so
+# ``except QueueOverflowError`` works for a Python caller as it does on
+# ``AsyncLLM``.
+GRACEFUL_REBUILDS: dict[type[GracefulHTTPError], type[_RemoteGraceful]] = {
+    QueueOverflowError: RemoteQueueOverflowError,
+    MaxQueuedTokensError: RemoteMaxQueuedTokensError,
+}
 
 # Which class ``to_exception`` rebuilds, by the record's (category, status,
 # public type): the semantic parent's row of the status table, checked

@@ -20,9 +20,11 @@ from vllm_omni.config import PipelineConfig, StageConfig
 from vllm_omni.engine.messages import Payload, Submit
 from vllm_omni.errors import VLLMValidationError
 
-__all__ = ["Stage", "bounded_float", "bounded_int", "parse_size"]
+__all__ = ["SIZE_STEP", "Stage", "bounded_float", "bounded_int", "parse_size"]
 
-_SIZE_RE = re.compile(r"(\d{1,5})[xX](\d{1,5})")
+_SIZE_RE = re.compile(r"([0-9]{1,5})[xX]([0-9]{1,5})")
+# Each side of a size is a multiple of this.
+SIZE_STEP = 8
 
 
 class Stage(abc.ABC):
@@ -93,10 +95,10 @@ def parse_size(
     match = _SIZE_RE.fullmatch(value) if isinstance(value, str) else None
     width, height = (int(match[1]), int(match[2])) if match else (-1, -1)
     for side in (width, height):
-        if not low <= side <= high or side % 8:
+        if not low <= side <= high or side % SIZE_STEP:
             raise VLLMValidationError(
                 f"{name} must be 'WxH' with each side between {low} and {high} "
-                "and a multiple of 8",
+                f"and a multiple of {SIZE_STEP}",
                 parameter=name,
                 value=value,
             )

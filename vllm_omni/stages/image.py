@@ -36,13 +36,18 @@ from vllm_omni.stages.base import Stage, bounded_int, parse_size
 __all__ = [
     "DEFAULT_MAX_IMAGE_FRAMES",
     "DEFAULT_MAX_IMAGE_PIXELS",
+    "MAX_IMAGES",
+    "SEED_RANGE",
+    "SIZE_RANGE",
     "ImageStage",
     "decode_image",
     "gradient",
     "probe_image",
 ]
 
-_SEED_RANGE = (0, 2**32 - 1)
+SEED_RANGE = (0, 2**32 - 1)
+SIZE_RANGE = (64, 1024)
+MAX_IMAGES = 10
 DEFAULT_MAX_IMAGE_PIXELS = 4096 * 4096
 DEFAULT_MAX_IMAGE_FRAMES = 64
 _LIMIT_RANGE = (1, 2**40)
@@ -64,7 +69,7 @@ _UNDECODABLE = (
 
 def seed_for(prompt: str, params: dict[str, Any]) -> int:
     """The explicit ``seed`` or one derived from the prompt."""
-    seed = bounded_int(params, "seed", None, *_SEED_RANGE)
+    seed = bounded_int(params, "seed", None, *SEED_RANGE)
     if seed is None:
         seed = int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:4], "big")
     return seed
@@ -164,8 +169,8 @@ class ImageStage(Stage):
 
     async def generate(self, request: Submit) -> AsyncIterator[Payload]:
         params = request.params
-        width, height = parse_size(params, "256x256", 64, 1024)
-        count = bounded_int(params, "n", 1, 1, 10) or 1
+        width, height = parse_size(params, "256x256", *SIZE_RANGE)
+        count = bounded_int(params, "n", 1, 1, MAX_IMAGES) or 1
         seed = seed_for(request.prompt, params)
         images = await asyncio.to_thread(
             _draw,

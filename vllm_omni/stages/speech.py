@@ -22,7 +22,14 @@ from vllm_omni.engine.messages import Payload, Submit
 from vllm_omni.errors import VLLMNotFoundError, VLLMValidationError
 from vllm_omni.stages.base import Stage, bounded_float
 
-__all__ = ["DEFAULT_VOICE", "SAMPLE_RATE", "VOICES", "TalkerStage", "VocoderStage"]
+__all__ = [
+    "DEFAULT_VOICE",
+    "SAMPLE_RATE",
+    "SPEED_RANGE",
+    "VOICES",
+    "TalkerStage",
+    "VocoderStage",
+]
 
 # Voice name → base pitch in Hz.
 VOICES: dict[str, float] = {
@@ -38,6 +45,7 @@ VOICES: dict[str, float] = {
     "shimmer": 260.0,
 }
 DEFAULT_VOICE = "alloy"
+SPEED_RANGE = (0.25, 4.0)
 SAMPLE_RATE = 16_000
 MAX_CODES = 4096
 _CODE_SECONDS = 0.05
@@ -54,7 +62,7 @@ class TalkerStage(Stage):
             raise VLLMNotFoundError(
                 f"Unknown voice. Available voices: {', '.join(sorted(VOICES))}."
             )
-        speed = bounded_float(request.params, "speed", 1.0, 0.25, 4.0)
+        speed = bounded_float(request.params, "speed", 1.0, *SPEED_RANGE)
         text = request.inputs.text if request.inputs and request.inputs.text else ""
         text = text or request.prompt
         if not text.strip():

@@ -22,13 +22,23 @@ from vllm_omni.engine.messages import Payload, Submit
 from vllm_omni.errors import VLLMValidationError
 from vllm_omni.stages.base import Stage, bounded_float, bounded_int
 
-__all__ = ["MAX_TOKENS_LIMIT", "TextParams", "TextStage", "reference_tokens"]
+__all__ = [
+    "MAX_CHOICES",
+    "MAX_STOP",
+    "MAX_TOKENS_LIMIT",
+    "SEED_RANGE",
+    "TEMPERATURE_RANGE",
+    "TextParams",
+    "TextStage",
+    "reference_tokens",
+]
 
 MAX_TOKENS_LIMIT = 4096
 MAX_CHOICES = 8
 MAX_STOP = 4
 DEFAULT_MAX_TOKENS = 64
-_SEED_RANGE = (-(2**63), 2**63 - 1)
+SEED_RANGE = (-(2**63), 2**63 - 1)
+TEMPERATURE_RANGE = (0.0, 2.0)
 _FILLER = ("omni", "stage", "audio", "image", "video", "token", "reference", "model")
 
 
@@ -44,20 +54,16 @@ class TextParams:
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> TextParams:
+        # Both are checked; max_completion_tokens (chat) supersedes the
+        # deprecated max_tokens.
+        limits = [
+            bounded_int(params, name, None, 1, MAX_TOKENS_LIMIT)
+            for name in ("max_tokens", "max_completion_tokens")
+        ]
         return cls(
-            # max_completion_tokens (chat) supersedes the deprecated max_tokens.
-            max_tokens=bounded_int(
-                params,
-                "max_completion_tokens"
-                if params.get("max_completion_tokens") is not None
-                else "max_tokens",
-                DEFAULT_MAX_TOKENS,
-                1,
-                MAX_TOKENS_LIMIT,
-            )
-            or DEFAULT_MAX_TOKENS,
-            temperature=bounded_float(params, "temperature", 0.0, 0.0, 2.0),
-            seed=bounded_int(params, "seed", None, *_SEED_RANGE),
+            max_tokens=limits[1] or limits[0] or DEFAULT_MAX_TOKENS,
+            temperature=bounded_float(params, "temperature", 0.0, *TEMPERATURE_RANGE),
+            seed=bounded_int(params, "seed", None, *SEED_RANGE),
             stop=_stop(params.get("stop")),
             n=bounded_int(params, "n", 1, 1, MAX_CHOICES) or 1,
         )

@@ -20,7 +20,10 @@ from vllm_omni.engine.messages import Payload, Submit
 from vllm_omni.stages.base import Stage, bounded_float, bounded_int, parse_size
 from vllm_omni.stages.image import gradient, seed_for
 
-__all__ = ["VideoStage"]
+__all__ = ["SECONDS_RANGE", "SIZE_RANGE", "VideoStage"]
+
+SECONDS_RANGE = (0.1, 10.0)
+SIZE_RANGE = (64, 512)
 
 
 class VideoStage(Stage):
@@ -30,8 +33,8 @@ class VideoStage(Stage):
 
     async def generate(self, request: Submit) -> AsyncIterator[Payload]:
         params = request.params
-        seconds = bounded_float(params, "seconds", 1.0, 0.1, 10.0)
-        width, height = parse_size(params, "128x128", 64, 512)
+        seconds = bounded_float(params, "seconds", 1.0, *SECONDS_RANGE)
+        width, height = parse_size(params, "128x128", *SIZE_RANGE)
         fps = bounded_int(params, "fps", 8, 1, 30) or 8
         seed = seed_for(request.prompt, params)
         count = max(1, round(seconds * fps))

@@ -254,6 +254,9 @@ class VLLMStage(Stage):
                 parameter=f"stages[{config.id}].options.engine_args",
             )
         self._engine_args = dict(engine_args)
+        # The engine's metrics name the model as clients do (``model_name``
+        # label), not by its path, as ``vllm serve --served-model-name`` does.
+        self._engine_args.setdefault("served_model_name", pipeline.model)
         modules = config.options.get("lora_modules", {})
         if not isinstance(modules, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) and k and v

@@ -15,8 +15,8 @@ from textwrap import dedent
 
 import pytest
 
-from vllm_omni.errors.audit import cli, rewrite
-from vllm_omni.errors.audit.rewrite import http_exception_catchers
+import vllm_omni.errors
+from vllm_omni.errors.audit import cli, flow, rules
 
 from .conftest import REPO
 
@@ -96,13 +96,13 @@ STATUS_NAMES: Case = (
         raise HTTPException(status_code=502, detail="upstream failed")
     """,
     """\
-    from vllm_omni.errors import VLLMNotFoundError, VLLMServerError
+    from vllm_omni.errors import OmniServerError, VLLMNotFoundError
 
 
     def find(name: str) -> None:
         if name == "old":
             raise VLLMNotFoundError("Not Found")
-        raise VLLMServerError("upstream failed")
+        raise OmniServerError("upstream failed", status_code=502)
     """,
     [],
 )
@@ -116,6 +116,8 @@ LEFT: Case = (
     def guard(size: int, code: int) -> None:
         if size > 4096:
             raise HTTPException(status_code=413, detail="too large")
+        if size > 2048:
+            raise HTTPException(status_code=302, detail="elsewhere")
         if code:
             raise HTTPException(status_code=code, detail="upstream")
         if size < 0:
@@ -125,9 +127,27 @@ LEFT: Case = (
         error = HTTPException(400, "kept for later")
         raise error
     """,
-    None,
+    """\
+    from fastapi import HTTPException
+    from vllm_omni.errors import OmniClientError
+
+
+    def guard(size: int, code: int) -> None:
+        if size > 4096:
+            raise OmniClientError("too large", status_code=413)
+        if size > 2048:
+            raise HTTPException(status_code=302, detail="elsewhere")
+        if code:
+            raise HTTPException(status_code=code, detail="upstream")
+        if size < 0:
+            raise HTTPException(400, "negative", headers={"X-Reason": "size"})
+        if size == 1:
+            raise HTTPException(422, detail={"field": "size"})
+        error = HTTPException(400, "kept for later")
+        raise error
+    """,
     [
-        ("OMNI005", "no semantic type has status 413"),
+        ("OMNI005", "302 is not an error status"),
         ("OMNI005", "its status is not a literal"),
         ("OMNI005", "headers= has no equivalent on a semantic exception"),
         ("OMNI005", "its detail is structured data, not a message"),
@@ -156,7 +176,7 @@ CAUGHT: Case = (
     """,
     """\
     from fastapi import APIRouter, HTTPException
-    from vllm_omni.errors import VLLMServerError
+    from vllm_omni.errors import VLLMError, VLLMServerError, VLLMValidationError
 
     router = APIRouter()
 
@@ -165,20 +185,14 @@ CAUGHT: Case = (
     async def generate(request: ImageRequest) -> bytes:
         try:
             if request.n > 4:
-                raise HTTPException(400, "n must be at most 4")
+                raise VLLMValidationError("n must be at most 4")
             return await engine.generate(request)
-        except HTTPException:
+        except (HTTPException, VLLMError):
             raise
         except Exception as exc:
             raise VLLMServerError(str(exc)) from exc
     """,
-    [
-        (
-            "OMNI005",
-            "its try's except HTTPException catches one of HTTPException and "
-            "VLLMValidationError, not both",
-        )
-    ],
+    [],
 )
 
 RESPONSES: Case = (
@@ -381,8 +395,8 @@ def test_the_whole_set_at_once_with_two_workers(
         assert (tmp_path / name).read_text() == expected
     assert status == 1
     assert err.splitlines()[0] == (
-        "vllm-omni errors audit: fixed 11 sites in 5 files; "
-        f"{len(json.loads(out)['findings'])} findings remain; 10 left for a person"
+        "vllm-omni errors audit: fixed 13 sites in 6 files; "
+        f"{len(json.loads(out)['findings'])} findings remain; 9 left for a person"
     )
     assert sorted(left(err)) == sorted(row for case in CASES for row in case[3])
 
@@ -413,63 +427,101 @@ async def images(request: ImageRequest) -> dict:
     except Exception as exc:
         raise HTTPException(500, str(exc)) from exc
 """
+FIXED_HELPER = """\
+from vllm_omni.errors import VLLMValidationError
 
 
-# The same route with its except clause written otherwise: across lines,
-# and under an imported alias.
+def parse_lora(lora: dict | None) -> dict:
+    if lora is None:
+        raise VLLMValidationError("lora is required")
+    return lora
+"""
+
+
+# The route's except clause written otherwise: across lines, under an
+# imported alias; and what --fix makes of each.
 ROUTE_FORMS = {
-    "one line": (ROUTES, "except HTTPException"),
+    "one line": (
+        "    except HTTPException:\n",
+        "    except (HTTPException, VLLMError):\n",
+        "except HTTPException",
+    ),
     "across lines": (
-        ROUTES.replace(
-            "    except HTTPException:\n",
-            "    except (\n        OSError,\n        HTTPException,\n    ):\n",
-        ),
+        "    except (\n        OSError,\n        HTTPException,\n    ):\n",
+        "    except (\n        OSError,\n        HTTPException,\n        VLLMError,\n"
+        "    ):\n",
         "except HTTPException, OSError",
     ),
     "aliased": (
-        ROUTES.replace(
-            "from fastapi import APIRouter, HTTPException\n",
-            "from fastapi import APIRouter, HTTPException\n"
-            "from starlette.exceptions import HTTPException as StarletteError\n",
-        ).replace("    except HTTPException:\n", "    except StarletteError:\n"),
+        "    except StarletteError:\n",
+        "    except (StarletteError, VLLMError):\n",
         "except HTTPException",
     ),
 }
 
 
-@pytest.mark.parametrize("lexer", ["C lexer", "pure Python"])
-def test_the_package_s_except_clauses_are_found_however_written(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lexer: str
-) -> None:
-    if lexer == "pure Python":
-        monkeypatch.setattr(rewrite, "_lexer", None)
-    api = tmp_path / "svc" / "api"
+def _package(root: Path) -> Path:
+    api = root / "svc" / "api"
     api.mkdir(parents=True)
     for folder in (api.parent, api):
         (folder / "__init__.py").write_text("")
     (api / "helpers.py").write_text(HELPER)
-    for form, (routes, clause) in ROUTE_FORMS.items():
-        (api / "routes.py").write_text(routes)
-        found = http_exception_catchers([api / "helpers.py"])
-        assert found == {
-            api.parent.resolve(): (f"{api / 'routes.py'} (images: {clause})",)
-        }, form
+    return api
 
 
-def test_a_helper_is_left_while_its_package_tells_the_types_apart(
+@pytest.mark.parametrize("form", list(ROUTE_FORMS))
+@pytest.mark.parametrize("lexer", ["C lexer", "pure Python"])
+def test_the_route_s_clause_is_widened_however_written(
+    form: str,
+    lexer: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A helper's HTTPException(400) is raised inside the route's ``except
+    HTTPException: raise`` / ``except Exception`` (a 500). --fix follows it
+    there (the helper's callers are found in the whole package, with the
+    C lexer's needle pass or without it) and widens the clause, so the
+    helper's VLLMValidationError passes it as the HTTPException did."""
+    if lexer == "pure Python":
+        monkeypatch.setattr(flow, "_lexer", None)
+    monkeypatch.chdir(tmp_path)
+    api = _package(tmp_path)
+    old, new, clause = ROUTE_FORMS[form]
+    routes = ROUTES.replace("    except HTTPException:\n", old)
+    if form == "aliased":
+        routes = routes.replace(
+            "from fastapi import APIRouter, HTTPException\n",
+            "from fastapi import APIRouter, HTTPException\n"
+            "from starlette.exceptions import HTTPException as StarletteError\n",
+        )
+    (api / "routes.py").write_text(routes)
+    status, _, err = run("svc", "--fix", capsys=capsys)
+    assert status == 0, err
+    assert (api / "helpers.py").read_text() == FIXED_HELPER
+    fixed = (api / "routes.py").read_text()
+    assert fixed.count(new) == 1
+    assert "from vllm_omni.errors import VLLMError, VLLMServerError\n" in fixed
+    assert "raise VLLMServerError(str(exc)) from exc" in fixed
+    line = fixed.splitlines().index(new.splitlines()[0]) + 1
+    assert [row for row in err.splitlines() if row.startswith("widened: ")] == [
+        f"widened: svc/api/routes.py:{line}:5 {clause}: VLLMError joins it, so "
+        "the rewritten raises take it as HTTPException did"
+    ]
+    # A second run changes nothing.
+    status, _, again = run("svc", "--fix", capsys=capsys)
+    assert "fixed 0 sites in 0 files" in again
+    assert (api / "routes.py").read_text() == fixed
+
+
+def test_a_helper_is_left_while_the_clause_it_needs_is_not_among_the_paths(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A helper's HTTPException(400) may be raised inside a route's ``except
-    HTTPException: raise`` / ``except Exception`` (a 500): as
-    VLLMValidationError it would become a 500. The whole package is looked
-    at, though only the helper is given; once the route lets the semantic
-    types through as well, the helper is fixed."""
+    """Given only the helper, --fix may not widen the route's clause (it
+    writes below the paths given only): the helper is left, naming the
+    clause. Given both, both are fixed."""
     monkeypatch.chdir(tmp_path)
-    api = tmp_path / "svc" / "api"
-    api.mkdir(parents=True)
-    for folder in (api.parent, api):
-        (folder / "__init__.py").write_text("")
-    (api / "helpers.py").write_text(HELPER)
+    api = _package(tmp_path)
     (api / "routes.py").write_text(ROUTES)
     status, _, err = run("svc/api/helpers.py", "--fix", capsys=capsys)
     assert status == 1
@@ -477,17 +529,16 @@ def test_a_helper_is_left_while_its_package_tells_the_types_apart(
     assert left(err) == [
         (
             "OMNI005",
-            "raised outside a route, and svc/api/routes.py (images: except "
-            "HTTPException) tell HTTPException from the semantic types: a caller "
-            "may reach them; migrate those except clauses first",
+            "its way meets svc/api/routes.py (images: except HTTPException), which "
+            "lets HTTPException through and not VLLMValidationError; --fix would "
+            "widen it, but its file is not among the paths given",
         )
     ]
-    (api / "routes.py").write_text(
-        ROUTES.replace("except HTTPException:", "except (HTTPException, VLLMError):")
+    status, _, err = run(
+        "svc/api/helpers.py", "svc/api/routes.py", "--fix", capsys=capsys
     )
-    status, _, err = run("svc/api/helpers.py", "--fix", capsys=capsys)
-    assert status == 0
-    assert 'VLLMValidationError("lora is required")' in (api / "helpers.py").read_text()
+    assert status == 0, err
+    assert (api / "helpers.py").read_text() == FIXED_HELPER
 
 
 def test_an_allowlisted_site_and_the_errors_package_are_never_rewritten(
@@ -573,10 +624,11 @@ def test_the_baseline_tightens_after_a_fix(
         == 0
     )
     sites = json.loads(baseline.read_text())["sites"]
-    assert len(sites) == 2 + 5
+    assert len(sites) == 2 + 6
     status, _, err = run("api", "--fix", "--baseline", str(baseline), capsys=capsys)
     assert status == 0
     assert err.count("tightenable: jobs.py") == 2
+    assert err.count("tightenable: guard.py") == 1
     assert "run with --update-baseline" in err
     status, _, err = run(
         "api", "--baseline", str(baseline), "--update-baseline", capsys=capsys
@@ -630,6 +682,7 @@ def test_a_plain_audit_does_not_load_the_rewriter(tmp_path: Path) -> None:
         {
             "vllm_omni.errors.audit.rewrite",
             "vllm_omni.errors.audit.codemod",
+            "vllm_omni.errors.audit.flow",
             "vllm_omni.errors.audit.migrate",
         }
     )
@@ -656,3 +709,20 @@ def test_fix_and_suggest_import_no_vllm_torch_or_fastapi(tmp_path: Path) -> None
         timeout=60,
     )
     assert done.stdout.splitlines()[-1] == "0 0 True []", done.stderr
+
+
+def test_every_type_fix_raises_shares_the_base_a_widened_clause_names() -> None:
+    """What ``except (HTTPException, VLLMError)`` lets through covers every
+    type --fix raises, in the audit's table and in the classes themselves,
+    and each keeps the status the HTTPException had."""
+    base = getattr(vllm_omni.errors, rules.FIX_BASE)
+    for status in range(400, 600):
+        chosen = rules.semantic_type_for_status(status)
+        assert chosen is not None, status
+        name, explicit = chosen
+        assert rules.FIX_BASE in rules.ancestors(name), name
+        cls = getattr(vllm_omni.errors, name)
+        assert issubclass(cls, base), name
+        made = cls("x", status_code=status) if explicit else cls("x")
+        assert vllm_omni.errors.normalize(made).status_code == status
+    assert rules.semantic_type_for_status(302) is None

@@ -229,3 +229,78 @@ def test_raises_outside_any_request_are_left(
     assert [line.split(": ", 2)[2].split(":")[0] for line in err.splitlines()[1:]] == [
         reason
     ] * 3
+
+
+def test_a_sarif_fix_carries_the_clause_it_widens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An HTTPException inside ``except HTTPException: raise`` is offered
+    with the clause's widening (the same file); one whose clause is in
+    another file is not offered (one file's fix cannot carry it)."""
+    monkeypatch.chdir(tmp_path)
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "__init__.py").write_text("")
+    (app / "helpers.py").write_text(
+        dedent(
+            """\
+            from fastapi import HTTPException
+
+
+            def check(n: int) -> None:
+                if n > 4:
+                    raise HTTPException(400, "n must be at most 4")
+            """
+        )
+    )
+    routes = app / "routes.py"
+    routes.write_text(
+        dedent(
+            """\
+            from fastapi import APIRouter, HTTPException
+
+            from app.helpers import check
+
+            router = APIRouter()
+
+
+            @router.post("/v1/images/generations")
+            async def generate(n: int) -> None:
+                try:
+                    check(n)
+                    if n < 1:
+                        raise HTTPException(400, "n must be at least 1")
+                except HTTPException:
+                    raise
+                except Exception:
+                    raise HTTPException(500, "failed")
+            """
+        )
+    )
+    before = fingerprints(capsys, "app")
+    status, out, err = run(capsys, "app", "--suggest", "--format", "sarif")
+    assert status == 1
+    assert err.splitlines()[1:] == [
+        "not offered: app/helpers.py:6:15 OMNI005: it needs app/routes.py "
+        "(generate: except HTTPException) widened too, which a fix of one file "
+        "cannot carry: --fix does both"
+    ]
+    results = json.loads(out)["runs"][0]["results"]
+    offered = {
+        r["locations"][0]["physicalLocation"]["region"]["startLine"]: r
+        for r in results
+        if "fixes" in r
+    }
+    assert sorted(offered) == [13, 17]
+    (change,) = offered[13]["fixes"][0]["artifactChanges"]
+    original = routes.read_text()
+    fixed = _apply_replacements(original, change["replacements"])
+    assert 'raise VLLMValidationError("n must be at least 1")' in fixed
+    assert "    except (HTTPException, VLLMError):\n        raise\n" in fixed
+    assert "from vllm_omni.errors import VLLMError, VLLMValidationError\n" in fixed
+    routes.write_text(fixed)
+    compile(fixed, str(routes), "exec")
+    after = fingerprints(capsys, "app")
+    assert set(before) - set(after) == {
+        offered[13]["partialFingerprints"]["omniSite/v1"]
+    }

@@ -8,7 +8,8 @@ the stage worker is imported (vLLM and torch, once) and the stage launcher
 is forked from this still single-threaded process (see
 ``vllm_omni.engine.processes``), so nothing imports vLLM a second time; the
 stages start while this process goes on importing vLLM's serving modules
-(which only the server needs) for the HTTP side.
+(which only the server needs) for the HTTP side, in a thread: the engine's
+loop must keep running meanwhile (heartbeats to stages on other hosts).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import NoReturn
 
 from vllm_omni.entrypoints.openai.limits import add_limit_options
@@ -204,13 +206,27 @@ async def _serve(args: argparse.Namespace) -> int:
         )
     )
     try:
-        api_server = await asyncio.to_thread(importlib.import_module, _API_SERVER)
+        api_server = await asyncio.to_thread(_import_server)
     except BaseException:
         starting.cancel()
         with contextlib.suppress(BaseException):
             (await starting).shutdown()
         raise
     return int(await api_server.run_server(args, engine=await starting))
+
+
+def _import_server() -> ModuleType:
+    """The API server module and its route modules, imported (in a thread).
+
+    Nothing of it may be imported on the engine's loop once the engine runs:
+    the route modules import vLLM's serving code, seconds of work that holds
+    the GIL, and meanwhile the loop sends no heartbeat to stages on other
+    hosts (measured: 10 to 60 s, past a remote stage's orchestrator timeout
+    on a loaded host) and reads none of their messages.
+    """
+    module = importlib.import_module(_API_SERVER)
+    module.route_modules()
+    return module
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,7 +2,8 @@
 
 ``build_app`` assembles the FastAPI app: routers (each behind the API-key
 dependency and the check that all client text is Unicode), the error
-boundary, and the Prometheus instrumentator mounted the way vLLM mounts it.
+boundary, the Prometheus instrumentator mounted the way vLLM mounts it, and
+``/openapi.json`` narrowed to the engine's pipeline (``openapi.served``).
 ``init_app_state`` hangs the engine client and the job store on
 ``app.state``. ``run_server`` serves a started engine with uvicorn, and shuts
 everything down in order.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import importlib
 import logging
 import signal
@@ -33,12 +35,13 @@ from vllm_omni.entrypoints.openai.auth import (
     require_api_key,
 )
 from vllm_omni.entrypoints.openai.limits import RequestLimits
+from vllm_omni.entrypoints.openai.openapi import prepare, served
 from vllm_omni.entrypoints.openai.unicode import require_unicode
 from vllm_omni.errors.fastapi import install_error_handling
 from vllm_omni.errors.openapi import ERROR_RESPONSES
 from vllm_omni.upstream import launcher
 
-__all__ = ["build_app", "init_app_state", "run_server"]
+__all__ = ["build_app", "init_app_state", "route_modules", "run_server"]
 
 logger = logging.getLogger("vllm_omni.server")
 
@@ -61,7 +64,11 @@ _ROUTERS = (
 )
 
 
-def _route_modules() -> list[Any]:
+def route_modules() -> list[Any]:
+    """Every installed route module, imported. They import vLLM's serving
+    code (seconds of work, most of it holding the GIL): ``vllm-omni serve``
+    calls this in a thread before it builds the app, so that the engine's
+    loop (stage heartbeats, stage messages) never waits for it."""
     modules = []
     for name in _ROUTERS:
         try:
@@ -94,7 +101,7 @@ def build_app(args: argparse.Namespace) -> FastAPI:
 
     app = FastAPI(title="vLLM-Omni", lifespan=lifespan)
     app.state.api_key = getattr(args, "api_key", None)
-    app.state.route_modules = _route_modules()
+    app.state.route_modules = route_modules()
     # Every route, public ones included, refuses text that is not Unicode;
     # the key is checked first (before the body is read, see auth).
     unicode = [Depends(require_unicode)]
@@ -117,6 +124,7 @@ def build_app(args: argparse.Namespace) -> FastAPI:
     Instrumentator(excluded_handlers=_UNMETERED).instrument(app).expose(
         app, response_class=_PrometheusResponse, include_in_schema=False
     )
+    app.openapi = functools.partial(served, app)  # type: ignore[method-assign]
     return app
 
 
@@ -131,6 +139,7 @@ async def init_app_state(
     app.state.engine_client = engine
     app.state.args = args
     await _run_hooks(app, "init_state", args)
+    prepare(app)
 
 
 async def run_server(args: argparse.Namespace, engine: AsyncOmni) -> int:

@@ -25,7 +25,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from starlette.datastructures import UploadFile
-from starlette.exceptions import HTTPException
 from starlette.requests import HTTPConnection, Request
 
 from vllm_omni.entrypoints.openai.routes.common import unknown_model
@@ -76,12 +75,11 @@ async def _json_body(request: Request) -> object:
         return None
 
 
-async def _form_fields(request: Request) -> list[tuple[str, object]] | None:
-    try:
-        form = await request.form()
-    except HTTPException:
-        # A malformed form: the route (or FastAPI) refuses it.
-        return None
+async def _form_fields(request: Request) -> list[tuple[str, object]]:
+    # A malformed form raises Starlette's 400 here, as the route's own parse
+    # would: once parsing failed, the stream is consumed and a second parse
+    # (the route's) fails with RuntimeError, a 500.
+    form = await request.form()
     fields: list[tuple[str, object]] = []
     for name, value in form.multi_items():
         if isinstance(value, UploadFile):
@@ -106,9 +104,8 @@ async def require_unicode(conn: HTTPConnection) -> None:
     content_type = conn.headers.get("content-type", "").lower()
     if content_type.startswith(_FORMS):
         fields = await _form_fields(conn)
-        if fields is not None:
-            _check_model(dict(fields))
-            _check_pairs(fields, _BODY)
+        _check_model(dict(fields))
+        _check_pairs(fields, _BODY)
         return
     if not await conn.body():
         return

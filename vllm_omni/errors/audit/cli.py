@@ -204,14 +204,17 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _tell(outcome: migrate.Outcome, verb: str, after: Report | None) -> None:
-    """What a --fix or --suggest run did, and each site it left with why;
-    after a fix, at the site's place in the fixed file."""
+    """What a --fix or --suggest run did (the except clauses it widened
+    too), and each site it left with why; after a fix, at the site's place
+    in the fixed file."""
     where = f" in {len(outcome.files)} files" if verb != "offered" else ""
     left = "" if after is None else f"; {len(after.findings)} findings remain"
     _say(
         f"{verb} {len(outcome.done)} sites{where}{left}; "
         f"{len(outcome.skipped)} left for a person"
     )
+    for clause in outcome.widened:
+        _say(f"widened: {clause}", prefix=False)
     moved = {} if after is None else {f.fingerprint: f for f in after.findings}
     skipped = [
         (moved.get(skip.finding.fingerprint, skip.finding), skip.reason)

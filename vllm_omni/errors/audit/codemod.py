@@ -8,6 +8,11 @@ in the file is re-emitted at all, so every other line stays byte for byte
 what it was. (A whole-file LibCST parse is not needed for that, and it costs
 0.3-0.6 s per large file of the 0.30 tree before any rewrite starts.)
 
+An except clause ``flow`` found letting HTTPException through and not the
+new types is widened in the same edit set: ``VLLMError`` is added beside
+``HTTPException`` (``except (HTTPException, VLLMError)``), and the names
+it catches count as read, so its imports stay.
+
 Imports: the names a file's rewrites need are added once per file, merged
 into its first top-level ``from <module> import ...`` of the same module or
 else on a new line after its last top-level import; an import whose name
@@ -32,6 +37,7 @@ from typing import TypeVar
 
 import libcst as cst
 
+from vllm_omni.errors.audit import rules
 from vllm_omni.errors.audit.rewrite import (
     AddStatus,
     FilePlan,
@@ -40,6 +46,7 @@ from vllm_omni.errors.audit.rewrite import (
     RenameRaise,
     Rewrite,
     UseCategory,
+    Widen,
     WrapModel,
 )
 from vllm_omni.errors.audit.runner import Replacement
@@ -103,18 +110,34 @@ class Text:
         return line, len(prefix.encode("utf-16-le", "surrogatepass")) // 2 + 1
 
 
-def edits(plan: FilePlan, rewrites: Sequence[Rewrite], *, unbind: bool) -> list[Edit]:
-    """The edits of ``rewrites`` and of the imports they need; with
-    ``unbind``, also the removal of imports nothing uses any more."""
+def edits(
+    plan: FilePlan,
+    rewrites: Sequence[Rewrite],
+    *,
+    unbind: bool,
+    widen: Sequence[Widen] = (),
+) -> list[Edit]:
+    """The edits of ``rewrites``, of the except clauses ``widen`` names and
+    of the imports they need; with ``unbind``, also the removal of imports
+    nothing uses any more."""
     text = Text(plan.text)
     changes = [_edit(text, rewrite) for rewrite in rewrites]
+    changes += [_widen(text, clause) for clause in widen]
     unused: set[str] = set()
     if unbind:
         candidates = {name for rewrite in rewrites for name in rewrite.unbinds}
+        # A widened clause still reads what it caught.
+        candidates -= {
+            node.id
+            for clause in widen
+            for node in ast.walk(clause.handler.type or ast.Module())
+            if isinstance(node, ast.Name)
+        }
         unused = {
             name for name in candidates if not _read(text, plan.tree, name, changes)
         }
-    changes += _import_edits(text, plan.tree, rewrites, unused)
+    needs = [*(r.imports for r in rewrites), *(w.imports for w in widen)]
+    changes += _import_edits(text, plan.tree, needs, unused)
     changes.sort()
     for before, after in pairwise(changes):
         if after.start < before.end:
@@ -131,6 +154,16 @@ def apply(text: str, changes: Iterable[Edit]) -> str:
         position = change.end
     out.append(text[position:])
     return "".join(out)
+
+
+def moved(text: str, changes: Iterable[Edit], offset: int) -> int:
+    """Where ``offset`` of ``text`` is once ``changes`` are made (no change
+    spans it)."""
+    return offset + sum(
+        len(change.new) - (change.end - change.start)
+        for change in changes
+        if change.end <= offset
+    )
 
 
 def replacements(plan: FilePlan, changes: Sequence[Edit]) -> tuple[Replacement, ...]:
@@ -166,16 +199,8 @@ def _edit(text: Text, rewrite: Rewrite) -> Edit:
         target = node.exc
     else:
         target = node
-    start, end = text.span(target)
+    start, end = _exact_span(text, target)
     source = text.text[start:end]
-    # The span must hold exactly the node (positions inside f-strings, for
-    # one, are not always right): else nothing is rewritten.
-    try:
-        spanned = ast.parse(f"({source})", mode="eval").body
-    except SyntaxError:
-        spanned = None
-    if spanned is None or ast.dump(spanned) != ast.dump(target):
-        raise RewriteError("the node's source span does not hold the node")
     module, expression = _parse_expression(source)
     new = _rewrite(module, expression, action, text)
     code = module.code_for_node(new)
@@ -189,6 +214,57 @@ def _edit(text: Text, rewrite: Rewrite) -> Edit:
             indent = before[: len(before) - len(before.lstrip())]
             code = module.code_for_node(_one_per_line(new, indent))
     return Edit(start, end, code)
+
+
+def _widen(text: Text, widen: Widen) -> Edit:
+    """``except X`` -> ``except (X, VLLMError)``; in a tuple, ``VLLMError``
+    right after HTTPException, separated like its neighbours."""
+    caught = widen.handler.type
+    assert caught is not None
+    start, end = _exact_span(text, caught)
+    _, expression = _parse_expression(text.text[start:end])
+    base = cst.Element(cst.Name(rules.FIX_BASE))
+    if widen.after is None:
+        comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        new: cst.BaseExpression = cst.Tuple(
+            elements=[cst.Element(expression, comma=comma), base]
+        )
+    else:
+        if not isinstance(expression, cst.Tuple):
+            raise RewriteError("the caught types are not a tuple")
+        parenthesis = expression.lpar[0] if expression.lpar else None
+        lead: cst.CSTNode = (
+            parenthesis.whitespace_after if parenthesis else cst.SimpleWhitespace("")
+        )
+        elements = list(expression.elements)
+        if widen.after + 1 < len(elements):
+            elements = _insert_item(elements, widen.after + 1, base, lead)
+        else:
+            # Last: it takes the last one's comma (a closing line break of
+            # a tuple belongs to its parenthesis), and the separator before
+            # the last one goes between them.
+            last = elements[-1]
+            separator = _without_comment(_preceding(elements, len(elements) - 1, lead))
+            elements[-1] = last.with_changes(
+                comma=cst.Comma(whitespace_after=separator)
+            )
+            elements.append(base.with_changes(comma=last.comma))
+        new = expression.with_changes(elements=elements)
+    return Edit(start, end, cst.Module(body=[]).code_for_node(new))
+
+
+def _exact_span(text: Text, node: ast.AST) -> tuple[int, int]:
+    """``node``'s source span, which must hold exactly the node (positions
+    inside f-strings, for one, are not always right): else nothing is
+    rewritten."""
+    start, end = text.span(node)
+    try:
+        spanned = ast.parse(f"({text.text[start:end]})", mode="eval").body
+    except SyntaxError:
+        spanned = None
+    if spanned is None or ast.dump(spanned) != ast.dump(node):
+        raise RewriteError("the node's source span does not hold the node")
+    return start, end
 
 
 def _one_per_line(call: cst.Call, indent: str) -> cst.Call:
@@ -305,7 +381,11 @@ def _raise_semantic(call: cst.Call, action: RaiseSemantic) -> cst.Call:
         )
         args, lead = _drop(args, action.status, call.whitespace_before_args)
         call = call.with_changes(whitespace_before_args=lead)
-    return call.with_changes(func=cst.Name(action.type_name), args=args)
+    call = call.with_changes(func=cst.Name(action.type_name), args=args)
+    if action.explicit is not None:
+        # OmniClientError / OmniServerError keep the status the client saw.
+        return _append(call, _keyword("status_code", cst.Integer(str(action.explicit))))
+    return call
 
 
 def _narrow(
@@ -512,12 +592,12 @@ def _parse_expression(source: str) -> tuple[cst.Module, cst.BaseExpression]:
 def _import_edits(
     text: Text,
     tree: ast.Module,
-    rewrites: Sequence[Rewrite],
+    needs: Sequence[tuple[tuple[str, str], ...]],
     unused: set[str],
 ) -> list[Edit]:
     needed: dict[str, set[str]] = {}
-    for rewrite in rewrites:
-        for module, name in rewrite.imports:
+    for imports in needs:
+        for module, name in imports:
             needed.setdefault(module, set()).add(name)
     # Per import statement: the names to drop and to add.
     drops: dict[ast.stmt, set[str]] = {}
@@ -641,13 +721,21 @@ def _insert_alias(
             (i for i, value in enumerate(values) if value > new.evaluated_name),
             len(names),
         )
-    if position == len(names):
-        return _append_item(names, new, lead)
-    # ``new`` takes ``names[position]``'s place; what preceded that one now
+    return _insert_item(names, position, new, lead)
+
+
+def _insert_item(
+    items: list[_Item], position: int, new: _Item, lead: cst.CSTNode
+) -> list[_Item]:
+    """``items`` with ``new`` at ``position``, separated like its
+    neighbours."""
+    if position == len(items):
+        return _append_item(items, new, lead)
+    # ``new`` takes ``items[position]``'s place; what preceded that one now
     # separates the two.
-    separator = _without_comment(_preceding(names, position, lead))
+    separator = _without_comment(_preceding(items, position, lead))
     comma = cst.Comma(whitespace_after=separator)
-    return [*names[:position], new.with_changes(comma=comma), *names[position:]]
+    return [*items[:position], new.with_changes(comma=comma), *items[position:]]
 
 
 def _without_comment(whitespace: cst.CSTNode) -> cst.CSTNode:

@@ -3,9 +3,13 @@ and why the others cannot.
 
 Owns the plan for one file. ``--fix`` rewrites what needs no judgement:
 
-- OMNI005 ``raise HTTPException(status, detail)`` with a literal status that
-  has a semantic type -> ``raise <Type>(detail)`` (``rules.
-  semantic_type_for_status``), its ``from`` clause kept;
+- OMNI005 ``raise HTTPException(status, detail)`` with a literal error
+  status -> ``raise <Type>(detail)`` (``rules.semantic_type_for_status``:
+  the semantic type of the status, else ``OmniClientError``/
+  ``OmniServerError`` with ``status_code=``), its ``from`` clause kept,
+  once ``flow`` has followed the exception to where it is answered and
+  found the new type goes the same way (widening the except clauses that
+  let HTTPException alone through);
 - OMNI003 an error ``JSONResponse`` (any response class) returned without a
   status -> the same with ``status_code=<its error's literal code>``; an
   error model (``ErrorResponse``, ``create_error_response(...)``) returned
@@ -28,12 +32,11 @@ Owns the plan for one file. ``--fix`` rewrites what needs no judgement:
   plan's own suggestions) and there is at least one.
 
 No rewrite changes which ``except`` clause of its function catches a
-raise, and a suggestion never makes a handler a new OMNI002. An
-``HTTPException`` outside a route is rewritten only while no except clause
-of its package tells it from the semantic types
-(``http_exception_catchers``): a caller might catch one and not the other.
-Everything else is a ``Skip`` with its reason. A rewrite needs the names it
-raises: a name bound in the file to something else blocks it.
+raise, and a suggestion never makes a handler a new OMNI002. Where an
+``HTTPException`` goes beyond its function is ``flow``'s: the plan takes
+its verdict per site. Everything else is a ``Skip`` with its reason. A
+rewrite needs the names it raises: a name bound in the file to something
+else blocks it.
 
 Stdlib only (``ast``); ``codemod`` performs the plan with LibCST.
 """
@@ -47,7 +50,7 @@ import os
 import re
 import tokenize
 from bisect import bisect_right
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from itertools import pairwise
@@ -58,14 +61,11 @@ from vllm_omni.errors.audit import rules
 from vllm_omni.errors.audit.runner import (
     ReportedFinding,
     SourceFile,
-    _owned,
-    _printable,
     _Unreadable,
     file_findings,
     read_regular,
 )
 from vllm_omni.errors.audit.scanner import (
-    MODULE_SCOPE,
     _argument,
     _body_argument,
     _dotted,
@@ -74,7 +74,6 @@ from vllm_omni.errors.audit.scanner import (
     _status,
     whole_scan,
 )
-from vllm_omni.errors.audit.skeleton import _lexer
 
 Kind = Literal["fix", "suggest"]
 KIND_RULES: dict[Kind, frozenset[str]] = {
@@ -96,22 +95,6 @@ _STRUCTURED = (
 )
 # Shared leaf nodes without a position (``Load()``, ``Add()``, ...).
 _TOKENS = (ast.expr_context, ast.operator, ast.boolop, ast.unaryop, ast.cmpop)
-# HTTPException and the classes a type --fix raises derives from
-# (``Exception`` and a bare except catch both alike).
-_TELLING = tuple(
-    sorted(
-        {"HTTPException"}.union(*map(rules.ancestors, rules.FIX_TYPES))
-        - {"Exception", "BaseException"}
-    )
-)
-_TELLING_NAMES = rb"(?:" + "|".join(_TELLING).encode() + rb")"
-# An except clause naming one (a parenthesized one may span lines), or one
-# imported under another name. Each starts with a literal, so a search
-# jumps from one candidate to the next.
-_CATCHER = re.compile(rb"except\b(?:\s*\([^)]*|[^\n:()]*)\b" + _TELLING_NAMES + rb"\b")
-_ALIASED = re.compile(
-    rb"import\b(?:\s*\([^)]*|[^\n;]*)\b" + _TELLING_NAMES + rb"\s+as\s"
-)
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _QUOTES = "'\"`"
 _MODEL_DEPTH = 4
@@ -130,6 +113,9 @@ class RaiseSemantic:
     status: int
     detail: int | None
     message: str
+    # The status the type takes as ``status_code=`` (OmniClientError,
+    # OmniServerError: a status with no semantic type of its own), or None.
+    explicit: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +178,43 @@ class Rewrite:
     # go when nothing uses them any more).
     unbinds: tuple[str, ...]
     description: str
+    # The except clauses (in this file or others) that must let the new
+    # type through before this rewrite keeps its raise's way (``flow``).
+    needs: frozenset[Clause] = frozenset()
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Clause:
+    """An except clause that lets HTTPException through and not the types
+    --fix raises, which --fix widens: the handler's position (``ast``'s
+    line and column) and how a person reads it."""
+
+    path: Path
+    line: int
+    column: int
+    shown: str
+
+
+@dataclass(frozen=True, slots=True)
+class Way:
+    """Where one HTTPException site's exception goes (``flow``): why a
+    semantic type raised there would go elsewhere (None: it would not),
+    and the clauses to widen so it does not."""
+
+    blocked: str | None = None
+    widen: frozenset[Clause] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class Widen:
+    """``except HTTPException`` -> ``except (HTTPException, VLLMError)``
+    (a tuple gets ``VLLMError`` after ``HTTPException``)."""
+
+    clause: Clause
+    handler: ast.ExceptHandler
+    # The element of a caught tuple that VLLMError follows.
+    after: int | None
+    imports: tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +238,11 @@ class FilePlan:
     fingerprints: frozenset[str]
     rewrites: list[Rewrite] = field(default_factory=list)
     skipped: list[Skip] = field(default_factory=list)
+    # The clauses of this file --fix widens (for rewrites here or in other
+    # files), and those it was asked to widen and cannot (a run with any
+    # of those writes nothing).
+    widen: list[Widen] = field(default_factory=list)
+    unwidened: list[str] = field(default_factory=list)
 
 
 def plan_file(
@@ -222,13 +250,15 @@ def plan_file(
     findings: Sequence[ReportedFinding],
     kinds: frozenset[Kind],
     models: ModelIndex,
-    catchers: Sequence[str] = (),
+    ways: Mapping[str, Way] | None = None,
+    widen: Sequence[Clause] = (),
 ) -> FilePlan | list[Skip]:
     """The plan for ``findings`` (reported, not allowlisted, of one file) of
     the rules ``kinds`` rewrite; a list of skips when the file cannot be
-    rewritten at all (unreadable, or it does not parse whole).
-    ``catchers``: the tree's except clauses that tell HTTPException from a
-    semantic type (``http_exception_catchers``)."""
+    rewritten at all (unreadable, or it does not parse whole). ``ways``:
+    ``flow``'s verdict on each HTTPException site, by fingerprint (None:
+    not traced, so none is rewritten); ``widen``: this file's clauses to
+    widen."""
     wanted = frozenset().union(*(KIND_RULES[kind] for kind in kinds))
     targets = [f for f in findings if f.rule in wanted]
     try:
@@ -248,7 +278,9 @@ def plan_file(
     reported = file_findings(source, [finding for finding, _ in sites])
     nodes = {r.fingerprint: sites[index][1] for index, r in reported}
     plan = FilePlan(source, data, text, encoding, tree, frozenset(nodes))
-    context = _Context(plan, scanner, models, tuple(catchers))
+    context = _Context(plan, scanner, models, ways or {})
+    for clause in widen:
+        _add_widen(plan, context, clause)
     suggested: list[tuple[ReportedFinding, ast.AST]] = []
     for finding in targets:
         node = nodes.get(finding.fingerprint)
@@ -262,6 +294,24 @@ def plan_file(
         _add(plan, outcome)
     plan.rewrites.sort(key=lambda r: (r.finding.line, r.finding.column))
     return plan
+
+
+def _add_widen(plan: FilePlan, context: _Context, clause: Clause) -> None:
+    handler = handler_at(plan.tree, clause.line, clause.column)
+    if handler is None:
+        plan.unwidened.append(f"{clause.shown}: the clause is not in the file")
+        return
+    after = widen_position(handler, module_bindings(plan.tree))
+    if isinstance(after, str):
+        plan.unwidened.append(f"{clause.shown}: {after}")
+        return
+    needed = context._import(
+        rules.FIX_BASE, rules.ERRORS_MODULE, rules.SEMANTIC_SOURCES
+    )
+    if isinstance(needed, str):
+        plan.unwidened.append(f"{clause.shown}: {needed}")
+        return
+    plan.widen.append(Widen(clause, handler, after, needed))
 
 
 def _add(plan: FilePlan, outcome: Rewrite | Skip) -> None:
@@ -292,12 +342,12 @@ class _Context:
         plan: FilePlan,
         scanner: _Scanner,
         models: ModelIndex,
-        catchers: tuple[str, ...],
+        ways: Mapping[str, Way],
     ) -> None:
         self._plan = plan
         self._scanner = scanner
         self._models = models
-        self._catchers = catchers
+        self._ways = ways
         tree = plan.tree
         # Parents of the nodes on the paths to the findings' nodes, found on
         # demand (a parent map of a whole large file costs more than a plan).
@@ -338,73 +388,28 @@ class _Context:
     def _http_exception(
         self, finding: ReportedFinding, node: ast.AST
     ) -> Rewrite | Skip:
-        if not isinstance(node, ast.Call):
-            return Skip(finding, "HTTPException is raised without a status")
-        raised = self._parent(node)
-        if not (isinstance(raised, ast.Raise) and raised.exc is node):
-            return Skip(finding, "HTTPException(...) is built, not raised, here")
-        arguments = [*node.args, *node.keywords]
-        if any(isinstance(a, ast.Starred) for a in node.args) or any(
-            k.arg is None for k in node.keywords
-        ):
-            return Skip(finding, "its arguments are unpacked (* or **)")
-        if len(node.args) > 2:
-            return Skip(finding, "it has arguments besides status and detail")
-        extra = [k.arg for k in node.keywords if k.arg not in ("status_code", "detail")]
-        if extra:
-            return Skip(
-                finding, f"{extra[0]}= has no equivalent on a semantic exception"
-            )
-        roles: dict[str, int] = {}
-        for index, argument in enumerate(arguments):
-            role = (
-                ("status_code", "detail")[index]
-                if isinstance(argument, ast.expr)
-                else argument.arg
-            )
-            roles[role or ""] = index
-        if "status_code" not in roles:
-            return Skip(finding, "HTTPException has no status")
-        status_node = _value(arguments[roles["status_code"]])
-        status = _status(status_node)
-        if status is None:
-            return Skip(finding, "its status is not a literal")
-        type_name = rules.semantic_type_for_status(status)
-        if type_name is None:
-            return Skip(finding, f"no semantic type has status {status}")
-        detail = roles.get("detail")
-        if detail is not None and isinstance(_value(arguments[detail]), _STRUCTURED):
-            return Skip(finding, "its detail is structured data, not a message")
-        try:
-            phrase = HTTPStatus(status).phrase
-        except ValueError:
-            phrase = "Error"
-        moved = self._caught_elsewhere(raised, "HTTPException", type_name, {})
-        if moved is not None:
-            return Skip(finding, moved)
-        if self._catchers and not self._is_route(self._function(raised)):
-            # A route is called by the framework only; any other function
-            # may be called inside one of those try blocks, where the new
-            # type would meet another except clause than HTTPException did.
-            more = len(self._catchers) - 1
-            return Skip(
-                finding,
-                f"raised outside a route, and {self._catchers[0]}"
-                f"{f' and {more} more' if more else ''} tell HTTPException "
-                "from the semantic types: a caller may reach them; migrate those "
-                "except clauses first",
-            )
+        site = http_exception_site(node, self._parent(node))
+        if isinstance(site, str):
+            return Skip(finding, site)
+        way = self._ways.get(finding.fingerprint)
+        if way is None:
+            return Skip(finding, "where its exception goes was not followed")
+        if way.blocked is not None:
+            return Skip(finding, way.blocked)
+        type_name, status = site.action.type_name, site.code
         needed = self._import(type_name, rules.ERRORS_MODULE, rules.SEMANTIC_SOURCES)
         if isinstance(needed, str):
             return Skip(finding, needed)
+        assert isinstance(node, ast.Call)
         return Rewrite(
             finding,
             "fix",
-            RaiseSemantic(type_name, roles["status_code"], detail, phrase),
+            site.action,
             node,
             needed,
-            _names(node.func, status_node),
+            _names(node.func, site.status_node),
             f"raise {type_name} instead of HTTPException({status})",
+            way.widen,
         )
 
     def _error_response(
@@ -415,7 +420,8 @@ class _Context:
         assert isinstance(value, ast.Call)
         name = self._scanner.callee(value)
         status = self._error_code(
-            value if name in rules.ERROR_MODEL_BUILDERS else _body_argument(value)
+            value if name in rules.ERROR_MODEL_BUILDERS else _body_argument(value),
+            self._caught_names(node),
         )
         if isinstance(status, str):
             return Skip(finding, status)
@@ -452,8 +458,19 @@ class _Context:
             f"send the route's {name} as a JSONResponse with status {status}",
         )
 
-    def _error_code(self, body: ast.expr | None) -> int | str:
-        """The one literal error status in a response body, or why not."""
+    def _caught_names(self, node: ast.AST) -> frozenset[str]:
+        """The names the except clauses around ``node`` bind (``as exc``)."""
+        names: set[str] = set()
+        parent = self._parent(node)
+        while parent is not None and not isinstance(parent, _SCOPES):
+            if isinstance(parent, ast.ExceptHandler) and parent.name:
+                names.add(parent.name)
+            parent = self._parent(parent)
+        return frozenset(names)
+
+    def _error_code(self, body: ast.expr | None, caught: frozenset[str]) -> int | str:
+        """The one literal error status in a response body, or why not;
+        ``caught``: names bound to a caught exception where the body is."""
         statuses: set[int] = set()
         unknown = False
         for sub in ast.walk(body) if body is not None else ():
@@ -465,6 +482,19 @@ class _Context:
             elif isinstance(sub, ast.Call):
                 callee = self._scanner.callee(sub)
                 carrier = rules.STATUS_CARRIERS.get(callee)
+                message = _message_argument(sub)
+                if (
+                    callee == "create_error_response"
+                    and isinstance(message, ast.Name)
+                    and message.id in caught
+                ):
+                    # Given an exception, vLLM's create_error_response
+                    # takes the status from its type, whatever else it is
+                    # given.
+                    return (
+                        f"its status comes from the type of the exception it "
+                        f"is built from (create_error_response({message.id}))"
+                    )
                 if callee in rules.ERROR_MODEL_BUILDERS | {"ErrorInfo"} and carrier:
                     code = _argument(sub, carrier)
                     if code is None and carrier.default is not None:
@@ -923,87 +953,132 @@ class _Context:
         return f"{name} is already bound in this file ({origin})"
 
 
-def http_exception_catchers(
-    raising: Sequence[Path],
-) -> dict[Path, tuple[str, ...]]:
-    """By package: ``path:line except ...`` for every except clause that
-    one of HTTPException and a semantic type ``--fix`` raises reaches and
-    the other does not (0.30's ``except HTTPException: raise`` before
-    ``except Exception: ... 500``). The packages are those of ``raising``
-    (the files with an HTTPException to rewrite), each the outermost folder
-    with an ``__init__.py`` above the file, read whole: a caller may live
-    anywhere in its package, audited or not. The errors package is left
-    out (it renders both alike). Only files with such a clause are parsed
-    (a regular expression finds them)."""
-    return {root: _catchers(root) for root in {package_root(p) for p in raising}}
+@dataclass(frozen=True, slots=True)
+class HTTPSite:
+    """What a ``raise HTTPException(...)`` becomes, before its way is known."""
+
+    action: RaiseSemantic
+    status_node: ast.expr
+    code: int
 
 
-def _catchers(root: Path) -> tuple[str, ...]:
-    found: list[str] = []
-    for path in sorted(_python_files(root)):
-        if _owned(str(path)):
-            continue
-        try:
-            data = read_regular(path)
-        except _Unreadable:
-            continue
-        if not _names_any(data) or (
-            _CATCHER.search(data) is None and _ALIASED.search(data) is None
-        ):
-            continue
-        try:
-            tree = ast.parse(data)
-        except (SyntaxError, ValueError, RecursionError, MemoryError):
-            continue
-        shown = os.path.relpath(path)
-        shown = _printable(str(path) if shown.startswith(os.pardir) else shown)
-        imported = {
-            name: _last(origin) for name, origin in module_bindings(tree).items()
-        }
-        for scope, node in _tries(tree.body, MODULE_SCOPE):
-            clause = _telling_clause(node, imported)
-            if clause is not None:
-                # Named by its function, not its line: lines move when the
-                # file is rewritten in the same run.
-                found.append(f"{shown} ({scope}: {clause})")
-    return tuple(found)
+def http_exception_site(node: ast.AST, raised: ast.AST | None) -> HTTPSite | str:
+    """The rewrite of the HTTPException call ``node`` (``raised``: its
+    parent), or why it has none: read from the call alone."""
+    if not isinstance(node, ast.Call):
+        return "HTTPException is raised without a status"
+    if not (isinstance(raised, ast.Raise) and raised.exc is node):
+        return "HTTPException(...) is built, not raised, here"
+    arguments = [*node.args, *node.keywords]
+    if any(isinstance(a, ast.Starred) for a in node.args) or any(
+        k.arg is None for k in node.keywords
+    ):
+        return "its arguments are unpacked (* or **)"
+    if len(node.args) > 2:
+        return "it has arguments besides status and detail"
+    extra = [k.arg for k in node.keywords if k.arg not in ("status_code", "detail")]
+    if extra:
+        return f"{extra[0]}= has no equivalent on a semantic exception"
+    roles: dict[str, int] = {}
+    for index, argument in enumerate(arguments):
+        role = (
+            ("status_code", "detail")[index]
+            if isinstance(argument, ast.expr)
+            else argument.arg
+        )
+        roles[role or ""] = index
+    if "status_code" not in roles:
+        return "HTTPException has no status"
+    status_node = _value(arguments[roles["status_code"]])
+    status = _status(status_node)
+    if status is None:
+        return "its status is not a literal"
+    chosen = rules.semantic_type_for_status(status)
+    if chosen is None:
+        return f"{status} is not an error status"
+    type_name, explicit = chosen
+    detail = roles.get("detail")
+    if detail is not None and isinstance(_value(arguments[detail]), _STRUCTURED):
+        return "its detail is structured data, not a message"
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        phrase = "Error"
+    return HTTPSite(
+        RaiseSemantic(
+            type_name,
+            roles["status_code"],
+            detail,
+            phrase,
+            status if explicit else None,
+        ),
+        status_node,
+        status,
+    )
 
 
-def _names_any(data: bytes) -> bool:
-    """Whether one of ``_TELLING`` occurs in ``data``: one pass in C where
-    the audit's lexer is built (most files have none, and the regular
-    expressions cost more)."""
-    if _lexer is None:
-        return True
-    (lines,), _ = _lexer.needle_lines(data, (_TELLING,))
-    return bool(lines)
+def handler_at(tree: ast.Module, line: int, column: int) -> ast.ExceptHandler | None:
+    """The except clause at ``ast``'s (line, column)."""
+    for chain in chains_at(tree, line):
+        for node, _ in chain:
+            for handler in getattr(node, "handlers", ()):
+                if (handler.lineno, handler.col_offset) == (line, column):
+                    return handler
+    return None
 
 
-def _tries(
-    body: Sequence[ast.stmt], scope: str
-) -> Iterator[tuple[str, ast.Try | ast.TryStar]]:
-    """Every try statement below ``body``, with its enclosing qualified name."""
-    for stmt in body:
-        inner = scope
-        if isinstance(stmt, (*_FUNCTIONS, ast.ClassDef)):
-            inner = stmt.name if scope == MODULE_SCOPE else f"{scope}.{stmt.name}"
-        elif isinstance(stmt, ast.Try | ast.TryStar):
-            yield scope, stmt
-        for block in (
-            getattr(stmt, "body", []),
-            getattr(stmt, "orelse", []),
-            getattr(stmt, "finalbody", []),
-            *(part.body for part in getattr(stmt, "handlers", [])),
-            *(part.body for part in getattr(stmt, "cases", [])),
-        ):
-            if isinstance(block, list):
-                yield from _tries(block, inner)
+def widen_position(
+    handler: ast.ExceptHandler, bindings: dict[str, str]
+) -> int | str | None:
+    """Where ``VLLMError`` goes in ``handler``'s caught types: after the
+    tuple element that is HTTPException (its index), or None (a single
+    name becomes a tuple); why it cannot, as text."""
+    caught = handler.type
+    if isinstance(caught, ast.Name | ast.Attribute):
+        return None
+    if not isinstance(caught, ast.Tuple) or not all(
+        isinstance(e, ast.Name | ast.Attribute) for e in caught.elts
+    ):
+        return "its caught types are not names"
+    for index, element in enumerate(caught.elts):
+        name = _last(_dotted(element))
+        if _last(bindings.get(name, name)) == "HTTPException":
+            return index
+    return len(caught.elts) - 1
+
+
+Chain = list[tuple[ast.AST, str]]
+_BLOCKS = ("body", "orelse", "finalbody")
+
+
+def chains_at(tree: ast.Module, line: int) -> list[Chain]:
+    """Every statement whose lines hold ``line``, each as the way down to
+    it: (node, the field of it the next step is in), ending with (the
+    statement, ""). Compound statements come before what they hold."""
+    found: list[Chain] = []
+    stack: list[tuple[Sequence[ast.stmt], Chain]] = [(tree.body, [(tree, "body")])]
+    while stack:
+        body, chain = stack.pop()
+        for stmt in body:
+            if (stmt.end_lineno or stmt.lineno) < line or (
+                stmt.lineno > line and _start(stmt)[0] > line
+            ):
+                continue
+            found.append([*chain, (stmt, "")])
+            for name in _BLOCKS:
+                block = getattr(stmt, name, None)
+                if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
+                    stack.append((block, [*chain, (stmt, name)]))
+            for part in (*getattr(stmt, "handlers", ()), *getattr(stmt, "cases", ())):
+                holder = "handlers" if isinstance(part, ast.ExceptHandler) else "cases"
+                stack.append((part.body, [*chain, (stmt, holder), (part, "body")]))
+    return found
 
 
 def package_root(path: Path) -> Path:
     """The outermost folder with an ``__init__.py`` above ``path`` (its own
     folder when that has none)."""
-    folder = path.resolve().parent
+    folder = Path(os.path.abspath(path)).parent
     while (folder.parent / "__init__.py").is_file():
         folder = folder.parent
     return folder
@@ -1015,29 +1090,6 @@ def _python_files(root: Path) -> Iterator[Path]:
             d for d in subfolders if not d.startswith(".") and d != "__pycache__"
         ]
         yield from (Path(folder, name) for name in names if name.endswith(".py"))
-
-
-def _telling_clause(
-    node: ast.Try | ast.TryStar, imported: dict[str, str]
-) -> str | None:
-    """The first clause of ``node`` that catches exactly one of
-    HTTPException and some type ``--fix`` raises, as ``except X``; names
-    imported under another name (``imported``) are read as the original."""
-    old = rules.ancestors("HTTPException")
-    for new_name in rules.FIX_TYPES:
-        new = rules.ancestors(new_name)
-        for handler in node.handlers:
-            names = {
-                imported.get(name, name)
-                for name in (_last(_dotted(e)) for e in _elements(handler.type))
-            }
-            catches_old = handler.type is None or bool(names & old)
-            catches_new = handler.type is None or bool(names & new)
-            if catches_old != catches_new:
-                return "except " + ", ".join(sorted(names)) if names else "except:"
-            if catches_old:
-                break
-    return None
 
 
 class ModelIndex:
@@ -1206,6 +1258,14 @@ def _holds(node: ast.AST, target: ast.AST) -> bool:
         target.end_lineno,
         target.end_col_offset,
     ) <= (node.end_lineno, node.end_col_offset)
+
+
+def _message_argument(call: ast.Call) -> ast.expr | None:
+    """The first argument (or ``message=``) of a call."""
+    for keyword in call.keywords:
+        if keyword.arg == "message":
+            return keyword.value
+    return call.args[0] if call.args else None
 
 
 def _value(argument: ast.expr | ast.keyword) -> ast.expr:

@@ -428,6 +428,7 @@ SEMANTIC_PARENTS: dict[str, str] = {
     "OmniNotImplementedError": "VLLMServerError",
     "OmniServiceUnavailableError": "VLLMServerError",
     "OmniStageTimeoutError": "VLLMServerError",
+    "OmniServerError": "VLLMServerError",
 }
 # The record of DESIGN §3 and what builds one: ``x.status_code`` of such a
 # value has a ``category`` beside it (``--fix`` OMNI004).
@@ -439,18 +440,32 @@ RECORD_CATEGORIES: dict[str, range] = {
 }
 
 
-# Every type --fix may raise instead of an HTTPException.
-FIX_TYPES: tuple[str, ...] = (*dict.fromkeys(SUGGESTION_BY_STATUS.values()),)
+# A status with no semantic type of its own keeps it on the compat types
+# that carry one (DESIGN §2): the framework handler renders
+# ``HTTPException(N, msg)`` as exactly these (its status, ``default_type(N)``).
+EXPLICIT_STATUS_TYPES: dict[str, str] = {
+    "client": "OmniClientError",
+    "server": "OmniServerError",
+}
+# The one base every type --fix raises instead of an HTTPException shares:
+# an except clause that lets HTTPException through lets this through too
+# once --fix widens it.
+FIX_BASE = "VLLMError"
 
 
-def semantic_type_for_status(status: int) -> str | None:
-    """The semantic type ``--fix`` raises instead of ``HTTPException(status)``:
-    the table above, any other 5xx as ``VLLMServerError``; None for a status
-    with no semantic type (401, 403, 413, 429, ...: left to a person)."""
+def semantic_type_for_status(status: int) -> tuple[str, bool] | None:
+    """The type ``--fix`` raises instead of ``HTTPException(status)``, and
+    whether it needs ``status_code=status``: the table above, else
+    ``OmniClientError`` (4xx) or ``OmniServerError`` (5xx) with the status,
+    so the client sees the same status and type; None for a status that is
+    not an error (1xx-3xx)."""
     known = SUGGESTION_BY_STATUS.get(status)
     if known is not None:
-        return known
-    return "VLLMServerError" if 500 <= status <= 599 else None
+        return known, False
+    for category, statuses in RECORD_CATEGORIES.items():
+        if status in statuses:
+            return EXPLICIT_STATUS_TYPES[category], True
+    return None
 
 
 # fastapi's HTTPException is starlette's, an ``Exception``.

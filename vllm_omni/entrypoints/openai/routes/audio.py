@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
 from vllm_omni.entrypoints.openai.fields import check_fields, log_ignored
+from vllm_omni.entrypoints.openai.openapi import check_body
 from vllm_omni.entrypoints.openai.routes.common import (
     check_model,
     engine_of,
@@ -56,6 +57,7 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
     talker = engine.stage_for("audio")
     check_fields("speech", body, [talker] if talker else [])
     log_ignored(request_id_of(request), (body.model_extra or {}).keys())
+    await check_body(request, "speech", await request.json())
     params: dict[str, Any] = {"voice": body.voice}
     if body.speed is not None:
         params["speed"] = body.speed

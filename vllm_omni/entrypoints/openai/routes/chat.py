@@ -32,6 +32,7 @@ from vllm.entrypoints.openai.chat_completion.protocol import (
 )
 
 from vllm_omni.config import StageConfig
+from vllm_omni.entrypoints.openai.openapi import check_body
 from vllm_omni.entrypoints.openai.routes.common import (
     check_model,
     check_prompt,
@@ -39,6 +40,7 @@ from vllm_omni.entrypoints.openai.routes.common import (
     request_id_of,
 )
 from vllm_omni.entrypoints.openai.routes.generation import (
+    JsonTypesFirst,
     check_request,
     sse,
     stream_chunks,
@@ -49,14 +51,14 @@ from vllm_omni.entrypoints.openai.routes.generation import (
 from vllm_omni.errors import VLLMValidationError
 from vllm_omni.outputs import OmniRequestOutput, TextChoice
 
-__all__ = ["ChatCompletionRequest", "router"]
+__all__ = ["ROLES", "ChatCompletionRequest", "router"]
 
 router = APIRouter()
 
 # Roles of the OpenAI chat API. Upstream also accepts any other string (a
 # custom role its templates may know); a stricter refusal here, documented
 # in docs/errors/status-mapping.md.
-_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 
 class AudioOptions(BaseModel):
@@ -64,7 +66,7 @@ class AudioOptions(BaseModel):
     format: Literal["wav"] = "wav"
 
 
-class ChatCompletionRequest(UpstreamChatCompletionRequest):
+class ChatCompletionRequest(JsonTypesFirst, UpstreamChatCompletionRequest):
     """Upstream's chat request, plus the fields vLLM-Omni adds."""
 
     # Upstream caches its field names per class (extras logging): ours.
@@ -85,9 +87,9 @@ def _prompt(messages: list[Any], stage: StageConfig | None) -> str:
     parts: list[str] = []
     for i, message in enumerate(messages):
         role = message.get("role") if isinstance(message, dict) else None
-        if role not in _ROLES:
+        if role not in ROLES:
             raise VLLMValidationError(
-                f"role must be one of {', '.join(_ROLES)}",
+                f"role must be one of {', '.join(ROLES)}",
                 parameter=f"messages[{i}].role",
             )
         content = message.get("content")
@@ -189,6 +191,7 @@ async def create_chat_completion(
     stage = text_stage(engine)
     check_request(request, "chat", body, stage)
     modalities = _modalities(body)
+    await check_body(request, "chat", raw)
     request_id = request_id_of(request)
     completion_id = f"chatcmpl-{request_id}"
     stream = engine.generate(

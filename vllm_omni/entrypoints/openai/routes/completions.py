@@ -24,6 +24,7 @@ from vllm.entrypoints.openai.completion.protocol import (
 )
 
 from vllm_omni.config import StageConfig
+from vllm_omni.entrypoints.openai.openapi import check_body
 from vllm_omni.entrypoints.openai.routes.common import (
     check_model,
     check_prompt,
@@ -31,6 +32,7 @@ from vllm_omni.entrypoints.openai.routes.common import (
     request_id_of,
 )
 from vllm_omni.entrypoints.openai.routes.generation import (
+    JsonTypesFirst,
     check_request,
     sse,
     stream_chunks,
@@ -46,7 +48,7 @@ __all__ = ["CompletionRequest", "router"]
 router = APIRouter()
 
 
-class CompletionRequest(UpstreamCompletionRequest):
+class CompletionRequest(JsonTypesFirst, UpstreamCompletionRequest):
     """Upstream's completion request, plus the fields vLLM-Omni adds."""
 
     # Upstream caches its field names per class (extras logging): ours.
@@ -109,6 +111,7 @@ async def create_completion(
         raise VLLMValidationError("prompt must be a string", parameter="prompt")
     check_prompt(request, prompt, "prompt")
     raw = await request.json()
+    await check_body(request, "completions", raw)
     request_id = request_id_of(request)
     completion_id = f"cmpl-{request_id}"
     stream = engine.generate(

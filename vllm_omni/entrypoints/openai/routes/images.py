@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from vllm_omni.config import StageConfig
 from vllm_omni.entrypoints.async_omni import AsyncOmni
 from vllm_omni.entrypoints.openai.fields import check_fields, log_ignored
+from vllm_omni.entrypoints.openai.openapi import check_body
 from vllm_omni.entrypoints.openai.routes.common import (
     INT64_MAX,
     Int64,
@@ -104,6 +105,7 @@ async def generate_images(
     check_prompt(request, body.prompt, "prompt")
     check_fields("image_generations", body, _image_stages(engine))
     log_ignored(request_id_of(request), (body.model_extra or {}).keys())
+    await check_body(request, "image_generations", await request.json())
     params: dict[str, Any] = {"n": body.n, "size": body.size}
     if body.seed is not None:
         params["seed"] = body.seed

@@ -9,14 +9,14 @@ Routes::
     GET    /v1/videos/{id}/content    the GIF of a completed job
     POST   /v1/videos/{id}/remix      declared, not implemented (501)
 
-Statuses (DESIGN §4, async jobs): the request's form is checked here (400
-with ``param``: ``prompt``, ``seconds``, ``size``; 404 for another model;
-503 when the pipeline has no video stage); limits that belong to the video
-stage (duration and size ranges) are checked by that stage, so such a job is
-accepted and then fails with the stage's 400. A failed job's metadata is a
-200 with ``status: "failed"`` and the stored ``error`` unchanged; its content
-answers with the stored status and body; content of an unfinished or
-cancelled job is 409; an unknown id is 404.
+Statuses (DESIGN §4, async jobs): the request is checked here, before a job
+exists (400 with ``param``: ``prompt``, ``seconds``, ``size``, also outside
+the video stage's ranges, as ``/openapi.json`` states them; 404 for another
+model; 503 when the pipeline has no video stage). A job that fails later
+(the stage raised) is a 200 with ``status: "failed"`` and the stored
+``error`` unchanged; its content answers with the stored status and body;
+content of an unfinished or cancelled job is 409; an unknown id, or an
+unknown ``after`` cursor, is 404.
 
 This module owns request parsing and the mapping from job state to semantic
 exceptions. It must not build statuses, envelopes or error responses (the
@@ -32,12 +32,12 @@ import re
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
-from pydantic import BaseModel
 from starlette.datastructures import UploadFile
 from starlette.requests import HTTPConnection
 from starlette.responses import Response
 
 from vllm_omni.entrypoints.openai.jobs import Job, VideoJobs
+from vllm_omni.entrypoints.openai.openapi import FORM_TYPES, check_body
 from vllm_omni.entrypoints.openai.routes.common import (
     check_model,
     engine_of,
@@ -53,11 +53,11 @@ from vllm_omni.errors import (
 )
 from vllm_omni.errors.fastapi import replayed
 
-__all__ = ["init_state", "router", "shutdown_state"]
+__all__ = ["MAX_PROMPT_CHARS", "init_state", "router", "shutdown_state"]
 
 router = APIRouter()
 
-_MAX_PROMPT_CHARS = 32_000
+MAX_PROMPT_CHARS = 32_000
 _SECONDS_RE = re.compile(r"[0-9]{1,4}(?:\.[0-9]{1,3})?")
 _SIZE_RE = re.compile(r"[0-9]{1,5}x[0-9]{1,5}")
 _LIMIT_RE = re.compile(r"[0-9]{1,4}")
@@ -65,6 +65,60 @@ _FIELDS = ("prompt", "model", "seconds", "size")
 _VARIANTS = ("video", "thumbnail", "spritesheet")
 _DEFAULT_PAGE = 20
 _MAX_PAGE = 100
+
+# What the routes read, for ``/openapi.json`` (``openapi.py`` narrows the
+# create fields to the pipeline). A form carries strings only; JSON may
+# also give ``seconds`` as a number, and null for an optional field.
+_FORM_FIELDS: dict[str, Any] = {name: {"type": "string"} for name in _FIELDS}
+_JSON_FIELDS: dict[str, Any] = {
+    "prompt": {"type": "string"},
+    "model": {"type": ["string", "null"]},
+    "seconds": {"type": ["number", "string", "null"]},
+    "size": {"type": ["string", "null"]},
+}
+_CREATE_BODY = {
+    "required": True,
+    "content": {
+        media_type: {
+            "schema": {
+                "type": "object",
+                "required": ["prompt"],
+                "properties": dict(
+                    _JSON_FIELDS if media_type == "application/json" else _FORM_FIELDS
+                ),
+            }
+        }
+        for media_type in ("application/json", *FORM_TYPES)
+    },
+}
+_PAGE_PARAMETERS = [
+    {
+        "name": "limit",
+        "in": "query",
+        "schema": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": _MAX_PAGE,
+            "default": _DEFAULT_PAGE,
+        },
+    },
+    {
+        "name": "order",
+        "in": "query",
+        "schema": {"enum": ["asc", "desc"], "default": "desc"},
+    },
+    {
+        "name": "after",
+        "in": "query",
+        "description": "The id of a listed video job (404 otherwise).",
+        "schema": {"type": "string"},
+    },
+]
+_VARIANT_PARAMETER = {
+    "name": "variant",
+    "in": "query",
+    "schema": {"enum": list(_VARIANTS), "default": "video"},
+}
 
 
 async def init_state(app: FastAPI, args: argparse.Namespace) -> None:
@@ -100,12 +154,12 @@ async def _job(conn: HTTPConnection, video_id: str) -> Job:
 # -- request parsing -----------------------------------------------------------
 
 
-async def _create_fields(request: Request) -> dict[str, Any]:
-    """The create fields, from a multipart/url-encoded form or a JSON object."""
+async def _create_fields(request: Request) -> tuple[dict[str, Any], str]:
+    """The create fields, from a multipart/url-encoded form or a JSON object,
+    and the media type they came as."""
     content_type = request.headers.get("content-type", "").lower()
-    if content_type.startswith(
-        ("multipart/form-data", "application/x-www-form-urlencoded")
-    ):
+    form_type = next((t for t in FORM_TYPES if content_type.startswith(t)), None)
+    if form_type is not None:
         fields: dict[str, Any] = {}
         async with request.form() as form:
             for key, value in form.multi_items():
@@ -118,7 +172,7 @@ async def _create_fields(request: Request) -> dict[str, Any]:
                         "file uploads are not accepted here", parameter=key
                     )
                 fields[key] = value
-        return fields
+        return fields, form_type
     raw = await request.body()
     try:
         body = json.loads(raw)
@@ -130,7 +184,7 @@ async def _create_fields(request: Request) -> dict[str, Any]:
         raise VLLMValidationError(
             "The request body must be a JSON object or a multipart form."
         )
-    return body
+    return body, "application/json"
 
 
 def _string(fields: dict[str, Any], name: str) -> str | None:
@@ -144,7 +198,8 @@ def _seconds(value: object) -> float | None:
     if value is None:
         return None
     if isinstance(value, str) and _SECONDS_RE.fullmatch(value.strip()):
-        value = float(value)
+        # float() strips fewer blanks than str.strip() (not "\x1c"..."\x1f").
+        value = float(value.strip())
     # Compared before any conversion: float() of a huge int would overflow.
     if isinstance(value, int | float) and not isinstance(value, bool):
         if 0 < value < 10_000:
@@ -170,9 +225,9 @@ def _prompt(fields: dict[str, Any]) -> str:
         raise VLLMValidationError(
             "prompt is required and must be a non-empty string", parameter="prompt"
         )
-    if len(prompt) > _MAX_PROMPT_CHARS:
+    if len(prompt) > MAX_PROMPT_CHARS:
         raise VLLMValidationError(
-            f"prompt must be at most {_MAX_PROMPT_CHARS} characters",
+            f"prompt must be at most {MAX_PROMPT_CHARS} characters",
             parameter="prompt",
         )
     return prompt
@@ -195,43 +250,21 @@ def _page_args(request: Request) -> tuple[int, str | None, bool]:
     return limit, query.get("after"), order == "desc"
 
 
-class VideoCreateRequest(BaseModel):
-    """The create fields, for ``/openapi.json`` only: the route reads its body
-    itself (JSON or a form, see ``_create_fields``), with the checks above."""
-
-    prompt: str
-    model: str | None = None
-    seconds: str | None = None
-    size: str | None = None
-
-
-_CREATE_BODY = VideoCreateRequest.model_json_schema()
-
-
 # -- routes ----------------------------------------------------------------------
 
 
-@router.post(
-    "/v1/videos",
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {
-                media_type: {"schema": _CREATE_BODY}
-                for media_type in ("application/json", "multipart/form-data")
-            },
-        }
-    },
-)
+@router.post("/v1/videos", openapi_extra={"requestBody": _CREATE_BODY})
 async def create_video(request: Request) -> dict[str, Any]:
     engine = engine_of(request)
     await engine.check_health()
-    fields = await _create_fields(request)
+    fields, media_type = await _create_fields(request)
     check_model(engine, _string(fields, "model"))
     require_modality(engine, "video")
     prompt = _prompt(fields)
     seconds = _seconds(fields.get("seconds"))
     size = _size(fields)
+    # The video stage's ranges, before a job exists.
+    await check_body(request, "videos", fields, media_type)
     params: dict[str, Any] = {}
     if seconds is not None:
         params["seconds"] = seconds
@@ -246,16 +279,16 @@ async def create_video(request: Request) -> dict[str, Any]:
     return job.to_api()
 
 
-@router.get("/v1/videos")
+@router.get("/v1/videos", openapi_extra={"parameters": _PAGE_PARAMETERS})
 async def list_videos(request: Request) -> dict[str, Any]:
     limit, after, newest_first = _page_args(request)
     page = await _jobs_of(request).list(
         limit=limit, after=after, newest_first=newest_first
     )
     if page is None:
-        raise VLLMValidationError(
-            "after must be the id of a listed video job", parameter="after"
-        )
+        error = VLLMNotFoundError("after must be the id of a listed video job.")
+        error.parameter = "after"  # type: ignore[attr-defined]
+        raise error
     jobs, has_more = page
     data = [job.to_api() for job in jobs]
     return {
@@ -289,7 +322,9 @@ async def delete_video(video_id: str, request: Request) -> dict[str, Any]:
     return {"id": video_id, "object": "video.deleted", "deleted": True}
 
 
-@router.get("/v1/videos/{video_id}/content")
+@router.get(
+    "/v1/videos/{video_id}/content", openapi_extra={"parameters": [_VARIANT_PARAMETER]}
+)
 async def download_video(video_id: str, request: Request) -> Response:
     variant = request.query_params.get("variant", "video")
     if variant not in _VARIANTS:

@@ -1,0 +1,64 @@
+"""Engine metrics on a live reference server (issue 27).
+
+The reference stages are not vLLM: ``/metrics`` has no ``vllm:`` family,
+and every other series the shipped dashboard and alert rules query is
+there. (The engine row's ``vllm:`` series are checked on a live server with
+a ``vllm`` stage in ``tests/real_engine/test_side_by_side.py``.) The stages'
+multiprocess directory exists while the server runs and is gone once it
+stopped.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+
+from tests.e2e.conftest import API_KEY
+from tests.e2e.omni_server import OmniServer, start_server
+from tests.observability.names import (
+    ENGINE_PREFIX,
+    exported_series,
+    queried_series,
+)
+
+METRICS_DIR_PREFIX = "vllm-omni-metrics-"
+
+
+def test_the_dashboard_and_rules_query_what_the_reference_server_exports(
+    omni_server: OmniServer,
+) -> None:
+    headers = omni_server.headers()
+    # One metered request, so the instrumentator's counter has a sample.
+    assert httpx.get(omni_server.base_url + "/v1/models", headers=headers).is_success
+    response = httpx.get(omni_server.base_url + "/metrics", headers=headers)
+    assert response.status_code == 200
+    exported = exported_series(response.text)
+    used = queried_series()
+    engine = {name for name in used if name.startswith(ENGINE_PREFIX)}
+    assert engine and used - engine
+    assert used - engine <= exported, used - engine - exported
+    assert not {name for name in exported if name.startswith(ENGINE_PREFIX)}
+
+
+def test_no_metrics_files_are_left_after_the_server_stops(tmp_path: Path) -> None:
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    server = start_server(tmp_path, api_key=API_KEY, env={"TMPDIR": str(temp)})
+    try:
+        server.wait_ready()
+        response = httpx.post(
+            server.base_url + "/v1/chat/completions",
+            headers=server.headers(),
+            json={"messages": [{"role": "user", "content": "hello"}]},
+            timeout=30,
+        )
+        assert response.status_code == 200
+        (directory,) = temp.glob(METRICS_DIR_PREFIX + "*")
+        assert sorted(p.name for p in directory.iterdir()) == [
+            f"stage-{i}" for i in range(6)
+        ]
+    finally:
+        server.stop()
+    assert server.proc.returncode == 0
+    assert not list(temp.glob(METRICS_DIR_PREFIX + "*"))
