@@ -51,7 +51,8 @@ from tests.partition_drills import (
 
 # Generous: starting two servers and their far stages takes minutes on a
 # loaded two-core host.
-pytestmark = pytest.mark.timeout(300)
+# A drill: run after the main suite (``-m drill``, .ci/run).
+pytestmark = [pytest.mark.timeout(300), pytest.mark.drill]
 
 
 @pytest.fixture(scope="module")

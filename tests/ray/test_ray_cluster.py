@@ -37,7 +37,8 @@ from tests.e2e.omni_server import OmniServer, start_server
 from tests.e2e.test_leaks import find_leaks, find_ray_leaks
 from tests.ray.drills import FAST_FAILURE_DETECTION, FAST_PROBE, FAULTS, ping, stopped
 
-pytestmark = pytest.mark.timeout(180)
+# A drill: run after the main suite (``-m drill``, .ci/run).
+pytestmark = [pytest.mark.timeout(180), pytest.mark.drill]
 
 GENERIC = "The server had an error while processing your request."
 CHAT = "/v1/chat/completions"

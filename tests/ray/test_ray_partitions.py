@@ -58,7 +58,8 @@ from tests.partition_drills import (
     short_partition,
 )
 
-pytestmark = pytest.mark.timeout(300)
+# A drill: run after the main suite (``-m drill``, .ci/run).
+pytestmark = [pytest.mark.timeout(300), pytest.mark.drill]
 
 RAY_PORT = 6379
 # The GCS declares a silent node dead after about 10 s (5 failed checks,
