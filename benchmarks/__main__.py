@@ -24,6 +24,7 @@ import argparse
 import importlib
 import os
 import sys
+import time
 import traceback
 from collections.abc import Sequence
 
@@ -58,6 +59,7 @@ def gather(
     rows: list[dict[str, object]] = []
     crashed: list[str] = []
     for name in modules:
+        started = time.monotonic()
         try:
             module = importlib.import_module(f"benchmarks.{name}")
             produced = module.run(quick=quick)
@@ -65,6 +67,9 @@ def gather(
             traceback.print_exc()
             crashed.append(name)
             continue
+        finally:
+            took = time.monotonic() - started
+            print(f"benchmarks.{name}: {took:.0f} s", file=sys.stderr, flush=True)
         rows.extend({"module": name, **row} for row in produced)
     return rows, crashed
 
