@@ -45,14 +45,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-for _name, _value in {
-    "OMP_NUM_THREADS": "1",
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-}.items():
-    os.environ.setdefault(_name, _value)
+from tests.real_engine.tiny_model import use_engine_environment
+
+use_engine_environment()
 
 from benchmarks.paired import met, spread, target_table  # noqa: E402
 

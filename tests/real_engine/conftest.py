@@ -22,21 +22,13 @@ import pytest
 import yaml
 
 from tests.e2e.omni_server import OmniServer
+from tests.real_engine.tiny_model import use_engine_environment
 
 REAL_ENGINE = os.environ.get("VLLM_OMNI_REAL_ENGINE") == "1"
 if not REAL_ENGINE:
     collect_ignore_glob = ["test_*.py"]
 else:
-    # One thread, 1 GiB of KV cache, no CPU pinning (the machine is shared),
-    # and never the network: the model is built locally.
-    for name, value in {
-        "OMP_NUM_THREADS": "1",
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-    }.items():
-        os.environ.setdefault(name, value)
+    use_engine_environment()
 
 PIPELINE_TEMPLATE = Path(__file__).with_name("tiny-vllm.yaml")
 ADAPTER = "tiny-adapter"

@@ -33,6 +33,24 @@ __all__ = [
 ]
 
 # Bump when the recipe changes: the cache directory is keyed by it.
+# How the real engine runs here: one thread, 1 GiB of KV cache, no CPU
+# pinning (the machine is shared), and never the network (the model is built
+# locally). Set, unless already set, before vLLM is imported.
+ENGINE_ENVIRONMENT = {
+    "OMP_NUM_THREADS": "1",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+}
+
+
+def use_engine_environment() -> None:
+    """``ENGINE_ENVIRONMENT`` where the caller's environment is silent."""
+    for name, value in ENGINE_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
+
+
 VERSION = "3"
 SEED = 0
 MAX_MODEL_LEN = 128
