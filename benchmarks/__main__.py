@@ -28,7 +28,7 @@ import time
 import traceback
 from collections.abc import Sequence
 
-from benchmarks.paired import target_table
+from benchmarks.paired import table, target_table
 
 MODULES = (
     "bench_errors",
@@ -76,18 +76,8 @@ def gather(
 
 def render(rows: list[dict[str, object]], *, markdown: bool) -> str:
     header = ("module", *COLUMNS)
-    table = [[_cell(row.get(col)) for col in header] for row in rows]
-    if markdown:
-        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        lines += ["| " + " | ".join(cells) + " |" for cells in table]
-        return "\n".join(lines)
-    widths = [max([len(h), *(len(r[i]) for r in table)]) for i, h in enumerate(header)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
-    lines += [
-        "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True))
-        for cells in table
-    ]
-    return "\n".join(lines)
+    body = [[_cell(row.get(col)) for col in header] for row in rows]
+    return table(header, body, markdown=markdown)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

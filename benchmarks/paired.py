@@ -21,7 +21,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Spread", "met", "spread", "target_rows", "target_table"]
+__all__ = ["Spread", "met", "spread", "table", "target_rows", "target_table"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,9 +86,22 @@ def target_rows(rows: Sequence[dict[str, object]]) -> list[tuple[str, ...]]:
 def target_table(rows: Sequence[dict[str, object]], *, markdown: bool = False) -> str:
     """The compact table of ``target_rows``, aligned or as Markdown."""
     header = ("metric", "ratio", "spread (IQR)", "target", "met")
-    body = target_rows(rows)
+    return table(
+        header, target_rows(rows), markdown=markdown, rule="|---|---:|---:|---:|:-:|"
+    )
+
+
+def table(
+    header: Sequence[str],
+    body: Sequence[Sequence[str]],
+    *,
+    markdown: bool = False,
+    rule: str | None = None,
+) -> str:
+    """``body`` under ``header``: columns aligned by spaces, or a Markdown
+    table (``rule``: its alignment row, default left-aligned)."""
     if markdown:
-        lines = ["| " + " | ".join(header) + " |", "|---|---:|---:|---:|:-:|"]
+        lines = ["| " + " | ".join(header) + " |", rule or "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(cells) + " |" for cells in body]
         return "\n".join(lines)
     widths = [max([len(h), *(len(r[i]) for r in body)]) for i, h in enumerate(header)]
