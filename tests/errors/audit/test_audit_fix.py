@@ -726,3 +726,160 @@ def test_every_type_fix_raises_shares_the_base_a_widened_clause_names() -> None:
         made = cls("x", status_code=status) if explicit else cls("x")
         assert vllm_omni.errors.normalize(made).status_code == status
     assert rules.semantic_type_for_status(302) is None
+
+
+UNSAFE_BEFORE = """\
+from fastapi import HTTPException
+
+
+class Serving:
+    def create_speech(self, request):
+        if request.input == "":
+            return self.create_error_response("input is empty")
+        if request.voice not in VOICES:
+            return self.create_error_response(
+                err_type="NotFoundError",
+                message=f"voice {request.voice!r} not found",
+                status_code=404,
+            )
+        if self.busy:
+            return self.create_error_response(
+                "try again later",  # a queue of one
+                "RateLimitError",
+                429,
+            )
+        if request.speed > 4:
+            return self.create_error_response(
+                "too fast",
+                status_code=422,  # the schema's bound
+            )
+        return self.speak(request)
+
+
+def job(request) -> dict:
+    try:
+        if request.n > 4:
+            raise HTTPException(400, "n must be at most 4")
+        return run(request)
+    except Exception as exc:
+        return {"error": describe(exc)}
+"""
+
+UNSAFE_AFTER = """\
+from vllm_omni.errors import (
+    OmniClientError,
+    VLLMNotFoundError,
+    VLLMUnprocessableEntityError,
+    VLLMValidationError,
+)
+
+
+class Serving:
+    def create_speech(self, request):
+        if request.input == "":
+            raise VLLMValidationError("input is empty")
+        if request.voice not in VOICES:
+            raise VLLMNotFoundError(
+                f"voice {request.voice!r} not found",
+            )
+        if self.busy:
+            raise OmniClientError(
+                "try again later",  # a queue of one
+                status_code=429,
+            )
+        if request.speed > 4:
+            raise VLLMUnprocessableEntityError(
+                "too fast",  # the schema's bound
+            )
+        return self.speak(request)
+
+
+def job(request) -> dict:
+    try:
+        if request.n > 4:
+            raise VLLMValidationError("n must be at most 4")
+        return run(request)
+    except Exception as exc:
+        return {"error": describe(exc)}
+"""
+
+
+def unsafe_rows(err: str) -> list[tuple[str, str, str]]:
+    """(line, rule, why) of every ``unsafe:`` line."""
+    rows = [line for line in err.splitlines() if line.startswith("unsafe: ")]
+    return [
+        (
+            row.split(" ")[1].split(":")[1],
+            row.split(" ")[2].rstrip(":"),
+            row.partition("; unsafe: ")[2],
+        )
+        for row in rows
+    ]
+
+
+def test_unsafe_fixes_rewrite_what_may_change_a_status_and_say_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Plain --fix leaves the error models a caller converts and the raise
+    whose way meets a clause that looks at the exception; --unsafe-fixes
+    rewrites them (the message kept, the status as the type or as
+    ``status_code=``, a comment on a dropped argument moved to the line
+    before) and lists each as ``unsafe:`` with why."""
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "app" / "speech.py"
+    path.parent.mkdir()
+    path.write_text(UNSAFE_BEFORE)
+    handed = (
+        "its way meets app/speech.py (job: except Exception as exc), which hands "
+        "exc to describe(): what becomes of the exception there depends on its type"
+    )
+    status, _, err = run("app", "--fix", capsys=capsys)
+    assert path.read_text() == UNSAFE_BEFORE
+    assert sorted(left(err)) == [("OMNI003", TO_CALLER)] * 4 + [("OMNI005", handed)]
+    assert unsafe_rows(err) == []
+
+    status, _, err = run("app", "--fix", "--unsafe-fixes", capsys=capsys)
+    assert status == 0, err
+    assert path.read_text() == UNSAFE_AFTER
+    assert err.splitlines()[0] == (
+        "vllm-omni errors audit: fixed 5 sites in 1 files; 0 findings remain; "
+        "0 left for a person"
+    )
+    assert unsafe_rows(err) == [
+        ("7", "OMNI003", TO_CALLER),
+        ("9", "OMNI003", TO_CALLER),
+        ("15", "OMNI003", TO_CALLER),
+        ("21", "OMNI003", TO_CALLER),
+        ("31", "OMNI005", handed),
+    ]
+    assert left(err) == []
+    compile(path.read_text(), str(path), "exec")
+    # A second run changes nothing.
+    again, _, err = run("app", "--fix", "--unsafe-fixes", capsys=capsys)
+    assert path.read_text() == UNSAFE_AFTER
+    assert "fixed 0 sites in 0 files" in err
+    assert again == 0
+
+
+@pytest.mark.parametrize(
+    "options",
+    [["--unsafe-fixes"], ["--unsafe-fixes", "--suggest"]],
+    ids=["alone", "with a patch"],
+)
+def test_unsafe_fixes_needs_fix_or_sarif_offers(
+    options: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "speech.py").write_text(UNSAFE_BEFORE)
+    status, out, err = run("app", *options, capsys=capsys)
+    assert status == 2
+    assert out == ""
+    assert err == (
+        "vllm-omni errors audit: error: --unsafe-fixes needs --fix "
+        "(or --suggest --format sarif)\n"
+    )
+    assert (tmp_path / "app" / "speech.py").read_text() == UNSAFE_BEFORE

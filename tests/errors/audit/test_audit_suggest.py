@@ -304,3 +304,44 @@ def test_a_sarif_fix_carries_the_clause_it_widens(
     assert set(before) - set(after) == {
         offered[13]["partialFingerprints"]["omniSite/v1"]
     }
+
+
+def test_sarif_offers_an_unsafe_fix_only_when_asked_and_labels_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An error model a serving method returns to its caller has no safe
+    fix: SARIF offers none, unless ``--unsafe-fixes``, and then labelled as
+    the one ``--fix --unsafe-fixes`` applies; applied, it removes the site."""
+    monkeypatch.chdir(tmp_path)
+    serving = tmp_path / "app" / "serving.py"
+    serving.parent.mkdir()
+    source = dedent(
+        """\
+        class Serving:
+            def create_speech(self, request):
+                if request.input == "":
+                    return self.create_error_response("input is empty")
+                return self.speak(request)
+        """
+    )
+    serving.write_text(source)
+    status, out, _ = run(capsys, "app", "--suggest", "--format", "sarif")
+    assert status == 1
+    (result,) = json.loads(out)["runs"][0]["results"]
+    assert "fixes" not in result
+    status, out, err = run(
+        capsys, "app", "--suggest", "--format", "sarif", "--unsafe-fixes"
+    )
+    assert status == 1
+    assert err.startswith("vllm-omni errors audit: offered 1 sites; 0 left")
+    log = json.loads(out)
+    jsonschema.validate(log, json.loads(SARIF_SCHEMA.read_text()))
+    (result,) = log["runs"][0]["results"]
+    (fix,) = result["fixes"]
+    assert fix["description"]["text"].endswith(
+        "[unsafe fix, it may change a status (--fix --unsafe-fixes applies it)]"
+    )
+    (change,) = fix["artifactChanges"]
+    serving.write_text(_apply_replacements(source, change["replacements"]))
+    assert 'raise VLLMValidationError("input is empty")' in serving.read_text()
+    assert fingerprints(capsys, "app") == {}

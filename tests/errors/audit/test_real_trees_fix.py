@@ -1,16 +1,19 @@
 """``--fix`` and ``--suggest`` on the published vllm-omni 0.30.0 tree.
 
 A copy of the wheel's tree (downloaded once, as ``test_real_trees.py`` does)
-is fixed in place through the command, twice over: as published, and after
-a person already let the semantic types through the except clauses that let
-``HTTPException`` through (what ``--fix`` now does itself, so both give the
-same rewrites). Each time, the issue's acceptance, literally:
+is fixed in place through the command, three times over: as published;
+after a person already let the semantic types through the except clauses
+that let ``HTTPException`` through (what ``--fix`` now does itself, so both
+give the same rewrites); and as published with ``--fix --unsafe-fixes``.
+Each time, the issue's acceptance, literally:
 
 - every mechanical finding (OMNI003, OMNI004, OMNI005) with a literal status
-  is rewritten, except the ones listed in ``WOULD_CHANGE``: rewriting those
-  would change what a client sees, so they are left with that reason (and
-  ``docs/errors/migration.md`` says which and why); the others left are
-  exactly those whose status is not a literal (``NOT_LITERAL``);
+  is rewritten; plain ``--fix`` leaves the ones listed in ``WOULD_CHANGE``
+  (rewriting those would change what a client sees, so they are left with
+  that reason, and ``docs/errors/migration.md`` says which and why), and
+  ``--unsafe-fixes`` rewrites those too, each listed as ``unsafe:`` with the
+  same reason; the others left are exactly those whose status is not a
+  literal (``NOT_LITERAL``);
 - every changed file parses and byte-compiles; ``ruff check --select F``
   finds nothing new; the re-audit has exactly the rewritten sites gone and
   no new one; a second ``--fix`` changes nothing; every line outside the
@@ -77,8 +80,6 @@ WOULD_CHANGE = {
     # ``except Exception: ... 500`` (or to their own catch-alls).
     ("OMNI003", TO_CALLER): 17,
 }
-REWRITTEN = {"OMNI005": 116, "OMNI003": 2}
-FILES = 8
 # As published, --fix lets the semantic types through the clauses their
 # way meets: the image routes' ``except HTTPException: raise`` and the
 # video form's two.
@@ -115,10 +116,35 @@ HANDLERS = {
         ),
     ],
 }
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    options: tuple[str, ...]
+    # The clauses --fix widens.
+    widened: list[str]
+    rewritten: dict[str, int]
+    files: int
+    # Left with a literal status (reason: count), and rewritten as unsafe.
+    left: dict[tuple[str, str], int]
+    unsafe: dict[tuple[str, str], int]
+
+
+SAFE = Scenario((), WIDENED, {"OMNI005": 116, "OMNI003": 2}, 8, WOULD_CHANGE, {})
 SCENARIOS = {
-    # scenario: the clauses --fix widens
-    "as published": WIDENED,
-    "handlers migrated": [],
+    "as published": SAFE,
+    "handlers migrated": Scenario((), [], SAFE.rewritten, SAFE.files, WOULD_CHANGE, {}),
+    # Every finding with a literal status: the video job's 12, the speech
+    # helper and the 17 error models are rewritten too (no clause more is
+    # widened: their ways are not ones a widened clause mends).
+    "unsafe fixes": Scenario(
+        ("--unsafe-fixes",),
+        WIDENED,
+        {"OMNI005": 129, "OMNI003": 19},
+        12,
+        {},
+        WOULD_CHANGE,
+    ),
 }
 
 
@@ -132,7 +158,12 @@ class Fixed:
     after: dict[str, dict[str, object]]
     summary: str
     left: Counter[tuple[str, str]]
+    unsafe: Counter[tuple[str, str]]
     widened: list[str]
+
+    @property
+    def expected(self) -> Scenario:
+        return SCENARIOS[self.scenario]
 
 
 def audit(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -188,7 +219,8 @@ def fixed(
     root = tmp_path_factory.mktemp("fixed")
     shutil.copytree(original / PACKAGE, root / PACKAGE)
     before = findings(root, PACKAGE)
-    done = audit(root, PACKAGE, "--fix", "--format", "json")
+    options = SCENARIOS[request.param].options
+    done = audit(root, PACKAGE, "--fix", *options, "--format", "json")
     assert done.returncode == 1, done.stderr
     summary, *rows = done.stderr.splitlines()
     left = Counter(
@@ -196,13 +228,20 @@ def fixed(
         for row in rows
         if row.startswith("not fixed: ")
     )
+    unsafe = Counter(
+        (row.split(" ")[2].rstrip(":"), row.partition("; unsafe: ")[2])
+        for row in rows
+        if row.startswith("unsafe: ")
+    )
     widened = [
         row.removeprefix("widened: ").partition(": VLLMError joins it")[0]
         for row in rows
         if row.startswith("widened: ")
     ]
     after = {f["fingerprint"]: f for f in json.loads(done.stdout)["findings"]}
-    return Fixed(request.param, original, root, before, after, summary, left, widened)
+    return Fixed(
+        request.param, original, root, before, after, summary, left, unsafe, widened
+    )
 
 
 def changed_files(fixed: Fixed) -> list[Path]:
@@ -218,14 +257,19 @@ def test_every_literal_status_is_rewritten_unless_a_client_would_see_it(
     fixed: Fixed,
 ) -> None:
     """The acceptance: every mechanical finding with a literal status is
-    gone, but for ``WOULD_CHANGE``; what else is left is ``NOT_LITERAL``."""
+    gone, but for ``WOULD_CHANGE`` without ``--unsafe-fixes`` (with it,
+    those are rewritten and listed as unsafe); what else is left is
+    ``NOT_LITERAL``."""
+    expected = fixed.expected
     gone = Counter(
         fixed.before[f]["rule"] for f in set(fixed.before) - set(fixed.after)
     )
-    assert gone == REWRITTEN
-    assert fixed.left == Counter(NOT_LITERAL) + Counter(WOULD_CHANGE)
+    assert gone == expected.rewritten
+    assert fixed.left == Counter(NOT_LITERAL) + Counter(expected.left)
+    assert fixed.unsafe == Counter(expected.unsafe)
     assert fixed.summary == (
-        f"vllm-omni errors audit: fixed {gone.total()} sites in {FILES} files; "
+        f"vllm-omni errors audit: fixed {gone.total()} sites in "
+        f"{expected.files} files; "
         f"{len(fixed.after)} findings remain; {fixed.left.total()} left for a person"
     )
     mechanical = Counter(
@@ -234,11 +278,11 @@ def test_every_literal_status_is_rewritten_unless_a_client_would_see_it(
     assert mechanical == {"OMNI005": 133, "OMNI003": 26, "OMNI004": 4}
     assert gone.total() + fixed.left.total() == mechanical.total()
     literal = mechanical.total() - sum(NOT_LITERAL.values())
-    assert gone.total() == literal - sum(WOULD_CHANGE.values())
+    assert gone.total() == literal - sum(expected.left.values())
 
 
 def test_the_clauses_on_the_rewritten_raises_ways_are_widened(fixed: Fixed) -> None:
-    assert fixed.widened == SCENARIOS[fixed.scenario]
+    assert fixed.widened == fixed.expected.widened
     for row in fixed.widened:
         location, _, clause = row.partition(" ")
         path, line, _ = location.rsplit(":", 2)
@@ -250,7 +294,9 @@ def test_the_clauses_on_the_rewritten_raises_ways_are_widened(fixed: Fixed) -> N
 
 def test_the_reaudit_loses_exactly_the_rewritten_sites(fixed: Fixed) -> None:
     assert set(fixed.after) < set(fixed.before)
-    assert len(fixed.before) - len(fixed.after) == sum(REWRITTEN.values())
+    assert len(fixed.before) - len(fixed.after) == sum(
+        fixed.expected.rewritten.values()
+    )
     # The command's report after --fix is what a fresh audit says.
     assert set(findings(fixed.root, PACKAGE)) == set(fixed.after)
 
@@ -259,7 +305,7 @@ def test_every_changed_file_parses_and_byte_compiles(
     fixed: Fixed, tmp_path: Path
 ) -> None:
     changed = changed_files(fixed)
-    assert len(changed) == FILES
+    assert len(changed) == fixed.expected.files
     for relative in changed:
         source = fixed.root / relative
         ast.parse(source.read_bytes())
@@ -301,7 +347,7 @@ def test_ruff_pyflakes_finds_nothing_new(fixed: Fixed) -> None:
 
 def test_a_second_fix_changes_nothing(fixed: Fixed) -> None:
     snapshot = {p: p.read_bytes() for p in (fixed.root / PACKAGE).rglob("*.py")}
-    done = audit(fixed.root, PACKAGE, "--fix")
+    done = audit(fixed.root, PACKAGE, "--fix", *fixed.expected.options)
     assert done.returncode == 1
     assert done.stderr.startswith("vllm-omni errors audit: fixed 0 sites in 0 files; ")
     assert {p: p.read_bytes() for p in snapshot} == snapshot

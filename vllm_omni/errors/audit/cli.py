@@ -141,6 +141,14 @@ def build_parser() -> argparse.ArgumentParser:
         "boundaries, broad excepts) as a unified diff for git apply, instead "
         "of the report; with --format sarif, every rewrite as a result's fixes",
     )
+    parser.add_argument(
+        "--unsafe-fixes",
+        action="store_true",
+        help="with --fix (or --suggest --format sarif): also the rewrites of "
+        "those findings that may change what a client sees (a raise whose way "
+        "to the response differs from HTTPException's, an error model a caller "
+        "converts): each is listed as 'unsafe:' with why; review the diff",
+    )
     return parser
 
 
@@ -163,6 +171,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     if args.update_baseline and args.baseline is None:
         raise AuditUsageError("--update-baseline needs --baseline FILE")
+    if args.unsafe_fixes and not (
+        args.fix or (args.suggest and args.format == "sarif")
+    ):
+        raise AuditUsageError(
+            "--unsafe-fixes needs --fix (or --suggest --format sarif)"
+        )
     if args.suggest and args.format not in ("text", "sarif"):
         raise AuditUsageError(
             "--suggest writes a patch (or, with --format sarif, SARIF fixes)"
@@ -181,12 +195,18 @@ def _run(args: argparse.Namespace) -> int:
         from vllm_omni.errors.audit import migrate
 
         if args.fix:
-            fixed = migrate.fix(scanned, report, cache, jobs=args.jobs)
+            fixed = migrate.fix(
+                scanned, report, cache, jobs=args.jobs, unsafe=args.unsafe_fixes
+            )
             report = scanned.report(allowlist)
             _tell(fixed, "fixed", report)
         if args.suggest:
             offered = migrate.suggest(
-                scanned, report, offers=args.format == "sarif", jobs=args.jobs
+                scanned,
+                report,
+                offers=args.format == "sarif",
+                jobs=args.jobs,
+                unsafe=args.unsafe_fixes,
             )
             report.offers = offered.offers
             patch = None if args.format == "sarif" else offered.patch
@@ -215,6 +235,18 @@ def _tell(outcome: migrate.Outcome, verb: str, after: Report | None) -> None:
     )
     for clause in outcome.widened:
         _say(f"widened: {clause}", prefix=False)
+    if verb == "fixed":
+        # Where each was before the run (the finding is gone after it).
+        for done in sorted(
+            outcome.done, key=lambda d: (d.finding.path, d.finding.line)
+        ):
+            if done.kind == "unsafe":
+                finding = done.finding
+                _say(
+                    f"unsafe: {finding.path}:{finding.line}:{finding.column} "
+                    f"{finding.rule}: {done.description}",
+                    prefix=False,
+                )
     moved = {} if after is None else {f.fingerprint: f for f in after.findings}
     skipped = [
         (moved.get(skip.finding.fingerprint, skip.finding), skip.reason)

@@ -42,6 +42,7 @@ from vllm_omni.errors.audit.rewrite import (
     AddStatus,
     FilePlan,
     NarrowExcept,
+    RaiseModel,
     RaiseSemantic,
     RenameRaise,
     Rewrite,
@@ -184,6 +185,8 @@ def replacements(plan: FilePlan, changes: Sequence[Edit]) -> tuple[Replacement, 
 
 def _edit(text: Text, rewrite: Rewrite) -> Edit:
     action, node = rewrite.action, rewrite.node
+    if isinstance(action, RaiseModel):
+        return _raise_model_edit(text, node, action)
     if isinstance(action, NarrowExcept):
         assert isinstance(node, ast.ExceptHandler)
         if node.type is None:
@@ -214,6 +217,42 @@ def _edit(text: Text, rewrite: Rewrite) -> Edit:
             indent = before[: len(before) - len(before.lstrip())]
             code = module.code_for_node(_one_per_line(new, indent))
     return Edit(start, end, code)
+
+
+def _raise_model_edit(text: Text, node: ast.AST, action: RaiseModel) -> Edit:
+    """``return create_error_response(msg, ...)`` -> ``raise <Type>(msg)``:
+    the statement's keyword and the call change, the message argument keeps
+    its text and layout; the type and status arguments go (a comment on
+    them refuses the rewrite)."""
+    assert isinstance(node, ast.Return) and isinstance(node.value, ast.Call)
+    start, _ = text.span(node)
+    value_start, end = _exact_span(text, node.value)
+    if text.text[start:value_start].rstrip() != "return":
+        raise RewriteError("the returned call is not where the statement says")
+    module, call = _parse_expression(text.text[value_start:end])
+    if not isinstance(call, cst.Call):
+        raise RewriteError("the returned expression is not a call")
+    args = list(call.args)
+    keep = next(
+        (
+            index
+            for index, arg in enumerate(args)
+            if arg.keyword is not None and arg.keyword.value == "message"
+        ),
+        0,
+    )
+    lead = call.whitespace_before_args
+    for index in reversed(range(len(args))):
+        if index != keep:
+            args, lead = _drop(args, index, lead)
+            keep -= index < keep
+    args[0] = args[0].with_changes(keyword=None, equal=cst.MaybeSentinel.DEFAULT)
+    new = call.with_changes(
+        func=cst.Name(action.type_name), args=args, whitespace_before_args=lead
+    )
+    if action.explicit is not None:
+        new = _append(new, _keyword("status_code", cst.Integer(str(action.explicit))))
+    return Edit(start, end, "raise " + module.code_for_node(new))
 
 
 def _widen(text: Text, widen: Widen) -> Edit:

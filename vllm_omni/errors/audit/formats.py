@@ -293,10 +293,17 @@ def _directory_uri(root: str) -> str:
     return uri if uri.endswith("/") else uri + "/"
 
 
+_OFFER_KINDS = {
+    "fix": "safe fix (--fix applies it)",
+    "unsafe": "unsafe fix, it may change a status (--fix --unsafe-fixes applies it)",
+    "suggest": "suggestion",
+}
+
+
 def _sarif_fix(finding: ReportedFinding, offer: Offer) -> dict[str, object]:
     """A rewrite as a SARIF ``fix``: the replacements in the finding's file
     (regions of the file as audited; complete on its own, import included)."""
-    kind = "safe fix (--fix applies it)" if offer.mechanical else "suggestion"
+    kind = _OFFER_KINDS[offer.kind]
     return {
         "description": {"text": f"{offer.description} [{kind}]"},
         "artifactChanges": [

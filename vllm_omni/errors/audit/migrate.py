@@ -68,6 +68,8 @@ class Done:
 
     finding: ReportedFinding
     description: str
+    # ``unsafe``: a rewrite that may change a status (``--unsafe-fixes``).
+    kind: Kind = "fix"
 
 
 @dataclass(slots=True)
@@ -101,12 +103,19 @@ class _FileOutcome:
 
 
 def fix(
-    scanned: Scanned, report: Report, cache: ScanCache | None, *, jobs: int
+    scanned: Scanned,
+    report: Report,
+    cache: ScanCache | None,
+    *,
+    jobs: int,
+    unsafe: bool = False,
 ) -> Outcome:
-    """Apply the rewrites that need no judgement, in place; ``scanned``
-    then holds the rewritten files' results (rebuild the report from it)."""
+    """Apply the rewrites that need no judgement, in place (with ``unsafe``,
+    also those that may change a status a client sees); ``scanned`` then
+    holds the rewritten files' results (rebuild the report from it)."""
     outcome = Outcome()
-    parts = _each_file(scanned, report, frozenset({"fix"}), jobs, _fix_file)
+    kinds: frozenset[Kind] = frozenset({"fix", "unsafe"} if unsafe else {"fix"})
+    parts = _each_file(scanned, report, kinds, jobs, _fix_file)
     unwidened = [problem for part in parts for problem in part.unwidened]
     if unwidened:
         # Rewrites in other files count on these clauses: write nothing.
@@ -127,11 +136,21 @@ def fix(
     return outcome
 
 
-def suggest(scanned: Scanned, report: Report, *, offers: bool, jobs: int) -> Outcome:
+def suggest(
+    scanned: Scanned,
+    report: Report,
+    *,
+    offers: bool,
+    jobs: int,
+    unsafe: bool = False,
+) -> Outcome:
     """The rewrites that need a person, as a unified diff; with ``offers``,
-    instead every finding's rewrite (both kinds) as a SARIF offer."""
+    instead every finding's rewrite (every kind; unsafe fixes with
+    ``unsafe``) as a SARIF offer."""
     outcome = Outcome()
-    kinds: frozenset[Kind] = frozenset({"suggest", "fix"} if offers else {"suggest"})
+    kinds: frozenset[Kind] = frozenset({"suggest"})
+    if offers:
+        kinds |= {"fix", "unsafe"} if unsafe else {"fix"}
     task = _offer_file if offers else _suggest_file
     patch: list[bytes] = []
     for part in _each_file(scanned, report, kinds, jobs, task):
@@ -382,11 +401,9 @@ def _offer_file(plan: FilePlan, project: str) -> _FileOutcome:
             continue
         changes = checked.changes
         part.offers[rewrite.finding.fingerprint] = Offer(
-            rewrite.description,
-            rewrite.kind == "fix",
-            codemod.replacements(plan, changes),
+            rewrite.description, rewrite.kind, codemod.replacements(plan, changes)
         )
-        part.done.append(Done(rewrite.finding, rewrite.description))
+        part.done.append(Done(rewrite.finding, rewrite.description, rewrite.kind))
     return part
 
 
@@ -429,7 +446,7 @@ def _perform(
             part.skipped += [Skip(r.finding, checked) for r in kept]
             return [], None
         rewrites = kept
-    return [Done(r.finding, r.description) for r in rewrites], checked
+    return [Done(r.finding, r.description, r.kind) for r in rewrites], checked
 
 
 def _check(

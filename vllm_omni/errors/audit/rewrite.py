@@ -75,9 +75,14 @@ from vllm_omni.errors.audit.scanner import (
     whole_scan,
 )
 
-Kind = Literal["fix", "suggest"]
+# ``fix``: rewrites that keep every status a client sees (``--fix``);
+# ``unsafe``: the same findings' rewrites that may change one, applied only
+# with ``--unsafe-fixes`` (ruff's split); ``suggest``: a person's patch.
+Kind = Literal["fix", "unsafe", "suggest"]
+_MECHANICAL = frozenset({rules.ERROR_RESPONSE, rules.STATUS_RANGE, rules.HTTP_EXC})
 KIND_RULES: dict[Kind, frozenset[str]] = {
-    "fix": frozenset({rules.ERROR_RESPONSE, rules.STATUS_RANGE, rules.HTTP_EXC}),
+    "fix": _MECHANICAL,
+    "unsafe": _MECHANICAL,
     "suggest": frozenset({rules.RAW_RAISE, rules.BROAD_EXCEPT}),
 }
 CLIENT_BASE = "VLLMClientError"
@@ -134,6 +139,19 @@ class WrapModel:
 
 
 @dataclass(frozen=True, slots=True)
+class RaiseModel:
+    """``return create_error_response(msg[, err_type, status])`` in a
+    function that is not a route -> ``raise <type_name>(msg)`` (an unsafe
+    fix: the caller that set the status from the model now gets an
+    exception)."""
+
+    type_name: str
+    message: ast.expr
+    # The status the type takes as ``status_code=``, or None.
+    explicit: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class UseCategory:
     """A status-range guess -> ``<record>.category == "<category>"``."""
 
@@ -160,7 +178,13 @@ class NarrowExcept:
 
 
 Action = (
-    RaiseSemantic | AddStatus | WrapModel | UseCategory | RenameRaise | NarrowExcept
+    RaiseSemantic
+    | AddStatus
+    | WrapModel
+    | RaiseModel
+    | UseCategory
+    | RenameRaise
+    | NarrowExcept
 )
 
 
@@ -278,7 +302,7 @@ def plan_file(
     reported = file_findings(source, [finding for finding, _ in sites])
     nodes = {r.fingerprint: sites[index][1] for index, r in reported}
     plan = FilePlan(source, data, text, encoding, tree, frozenset(nodes))
-    context = _Context(plan, scanner, models, ways or {})
+    context = _Context(plan, scanner, models, ways or {}, unsafe="unsafe" in kinds)
     for clause in widen:
         _add_widen(plan, context, clause)
     suggested: list[tuple[ReportedFinding, ast.AST]] = []
@@ -343,8 +367,12 @@ class _Context:
         scanner: _Scanner,
         models: ModelIndex,
         ways: Mapping[str, Way],
+        *,
+        unsafe: bool = False,
     ) -> None:
         self._plan = plan
+        # Rewrite too what would change a status (``--unsafe-fixes``).
+        self._unsafe = unsafe
         self._scanner = scanner
         self._models = models
         self._ways = ways
@@ -392,24 +420,26 @@ class _Context:
         if isinstance(site, str):
             return Skip(finding, site)
         way = self._ways.get(finding.fingerprint)
-        if way is None:
-            return Skip(finding, "where its exception goes was not followed")
-        if way.blocked is not None:
-            return Skip(finding, way.blocked)
+        blocked = (
+            "where its exception goes was not followed" if way is None else way.blocked
+        )
+        if blocked is not None and not self._unsafe:
+            return Skip(finding, blocked)
         type_name, status = site.action.type_name, site.code
         needed = self._import(type_name, rules.ERRORS_MODULE, rules.SEMANTIC_SOURCES)
         if isinstance(needed, str):
             return Skip(finding, needed)
         assert isinstance(node, ast.Call)
+        description = f"raise {type_name} instead of HTTPException({status})"
         return Rewrite(
             finding,
-            "fix",
+            "fix" if blocked is None else "unsafe",
             site.action,
             node,
             needed,
             _names(node.func, site.status_node),
-            f"raise {type_name} instead of HTTPException({status})",
-            way.widen,
+            description if blocked is None else f"{description}; unsafe: {blocked}",
+            frozenset() if way is None or blocked is not None else way.widen,
         )
 
     def _error_response(
@@ -436,11 +466,13 @@ class _Context:
                 f"send the {name} with its error's status {status}",
             )
         if not self._is_route(self._function(node)):
-            return Skip(
-                finding,
+            reason = (
                 "the error model goes to a caller that sets the status from it; "
-                "raising instead changes what that caller catches",
+                "raising instead changes what that caller catches"
             )
+            if not self._unsafe:
+                return Skip(finding, reason)
+            return self._raise_model(finding, node, value, name, status, reason)
         needed: list[tuple[str, str]] = []
         for wrapper in ("JSONResponse", "jsonable_encoder"):
             module, sources = rules.RESPONSE_IMPORTS[wrapper]
@@ -456,6 +488,48 @@ class _Context:
             tuple(needed),
             (),
             f"send the route's {name} as a JSONResponse with status {status}",
+        )
+
+    def _raise_model(
+        self,
+        finding: ReportedFinding,
+        node: ast.Return,
+        call: ast.Call,
+        name: str | None,
+        status: int,
+        reason: str,
+    ) -> Rewrite | Skip:
+        """``return create_error_response(msg, ...)`` -> ``raise <type>(msg)``
+        (``--unsafe-fixes``): the type of its status, its message kept."""
+        if name != "create_error_response":
+            return Skip(finding, f"{reason}; {name}(...) has no message to raise")
+        message = _message_argument(call)
+        known = {"message", "err_type", "status_code"}
+        if (
+            message is None
+            or isinstance(message, ast.Starred)
+            or len(call.args) > 3
+            or any(k.arg not in known for k in call.keywords)
+        ):
+            return Skip(
+                finding,
+                f"{reason}; its arguments are not a message, a type and a status",
+            )
+        chosen = rules.semantic_type_for_status(status)
+        assert chosen is not None  # _error_code gives 400-599 only
+        type_name, explicit = chosen
+        needed = self._import(type_name, rules.ERRORS_MODULE, rules.SEMANTIC_SOURCES)
+        if isinstance(needed, str):
+            return Skip(finding, needed)
+        return Rewrite(
+            finding,
+            "unsafe",
+            RaiseModel(type_name, message, status if explicit else None),
+            node,
+            needed,
+            (),
+            f"raise {type_name} instead of returning the error model "
+            f"(status {status}); unsafe: {reason}",
         )
 
     def _caught_names(self, node: ast.AST) -> frozenset[str]:

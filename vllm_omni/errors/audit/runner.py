@@ -101,8 +101,10 @@ class Offer:
     ``fixes``): complete on its own, its import included."""
 
     description: str
-    # What ``--fix`` applies (needs no judgement), or a ``--suggest`` rewrite.
-    mechanical: bool
+    # ``fix``: ``--fix`` applies it (it needs no judgement); ``unsafe``:
+    # ``--fix --unsafe-fixes`` does (it may change a status); ``suggest``: a
+    # ``--suggest`` rewrite.
+    kind: str
     replacements: tuple[Replacement, ...]
 
 
