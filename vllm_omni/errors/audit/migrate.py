@@ -29,8 +29,9 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from vllm_omni.errors.audit import codemod, flow, rules
+from vllm_omni.errors.audit import flow, rules
 from vllm_omni.errors.audit.cache import ScanCache
 from vllm_omni.errors.audit.rewrite import (
     KIND_RULES,
@@ -58,6 +59,9 @@ from vllm_omni.errors.audit.runner import (
 )
 from vllm_omni.errors.audit.scanner import FileResult, scan
 from vllm_omni.errors.audit.usage import AuditUsageError
+
+if TYPE_CHECKING:
+    from vllm_omni.errors.audit import codemod
 
 _LINES = re.compile(rb"(?<=\n)")
 
@@ -355,6 +359,8 @@ def _fix_file(plan: FilePlan, project: str) -> _FileOutcome:
 def _widened(plan: FilePlan, changes: Sequence[codemod.Edit]) -> list[str]:
     """Each widened clause as ``path:line:column except ...``, at its place
     in the fixed file."""
+    from vllm_omni.errors.audit import codemod  # LibCST: in the worker
+
     old = codemod.Text(plan.text)
     new = codemod.Text(codemod.apply(plan.text, changes))
     shown = []
@@ -381,6 +387,8 @@ def _suggest_file(plan: FilePlan, project: str) -> _FileOutcome:
 def _offer_file(plan: FilePlan, project: str) -> _FileOutcome:
     """Each rewrite alone, checked, as a SARIF offer (the imports it needs
     included; none removed, since the other offers may still use them)."""
+    from vllm_omni.errors.audit import codemod  # LibCST: in the worker
+
     part = _FileOutcome(0)
     widen = {widen.clause: widen for widen in plan.widen}
     for rewrite in plan.rewrites:
@@ -457,6 +465,8 @@ def _check(
     widen: Sequence[Widen] = (),
 ) -> _Checked | str:
     """The rewritten file and its audit, or why it fails the checks."""
+    from vllm_omni.errors.audit import codemod  # LibCST: in the worker
+
     try:
         changes = codemod.edits(plan, rewrites, unbind=unbind, widen=widen)
         data = codemod.apply(plan.text, changes).encode(plan.encoding)
