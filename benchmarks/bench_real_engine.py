@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import statistics
 import sys
@@ -67,10 +68,38 @@ class Rounds:
     rejected: int
     throughput: int
     http: int
+    # Requests per side before the sides swap (the block), and whether the
+    # machine settles before each block (``settle_seconds``).
+    block: int = 1
+    settle: bool = False
 
 
-FULL = Rounds(warmup=3, ttft=100, stream=20, rejected=100, throughput=6, http=100)
+FULL = Rounds(
+    warmup=3,
+    ttft=100,
+    stream=20,
+    rejected=100,
+    throughput=6,
+    http=100,
+    block=10,
+    settle=True,
+)
 QUICK = Rounds(warmup=1, ttft=3, stream=2, rejected=3, throughput=1, http=3)
+
+
+def settle_seconds() -> float:
+    """How long an idle engine keeps its cores busy: after each read, vLLM's
+    shared-memory readers (the EngineCore and its worker) spin for
+    ``SpinCondition``'s ``busy_loop_s`` before they sleep; read from
+    upstream's signature, plus a margin. On 2 cores, a side measured while
+    the other side's engine still spins shares the machine with two busy
+    processes that are not its own."""
+    import inspect
+
+    from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+
+    default = inspect.signature(SpinCondition).parameters["busy_loop_s"].default
+    return float(default) + 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,21 +272,36 @@ Measure = Callable[[str], Awaitable[float]]
 
 
 async def paired(
-    name: str, ours: Measure, upstream: Measure, rounds: int, warmup: int
+    name: str,
+    ours: Measure,
+    upstream: Measure,
+    rounds: int,
+    warmup: int,
+    *,
+    block: int = 1,
+    settle_s: float = 0.0,
 ) -> list[tuple[float, float]]:
-    """``rounds`` pairs of (ours, upstream), alternating which goes first."""
+    """``rounds`` pairs of (ours, upstream): alternating blocks of ``block``
+    requests a side, the side that goes first swapped every block, the
+    ``i``-th of one side's block paired with the ``i``-th of the other's;
+    with ``settle_s``, each block starts that long after the last request
+    (the other side's engine stops spinning meanwhile)."""
     for index in range(warmup):
         await ours(f"{name}-warm-ours-{index}")
         await upstream(f"{name}-warm-up-{index}")
-    pairs = []
-    for index in range(rounds):
-        if index % 2 == 0:
-            mine = await ours(f"{name}-ours-{index}")
-            theirs = await upstream(f"{name}-up-{index}")
-        else:
-            theirs = await upstream(f"{name}-up-{index}")
-            mine = await ours(f"{name}-ours-{index}")
-        pairs.append((mine, theirs))
+    sides = {"ours": ours, "up": upstream}
+    pairs: list[tuple[float, float]] = []
+    for first in range(0, rounds, block):
+        size = min(block, rounds - first)
+        order = ("ours", "up") if (first // block) % 2 == 0 else ("up", "ours")
+        times: dict[str, list[float]] = {}
+        for label in order:
+            if settle_s:
+                await asyncio.sleep(settle_s)
+            times[label] = [
+                await sides[label](f"{name}-{label}-{first + i}") for i in range(size)
+            ]
+        pairs += zip(times["ours"], times["up"], strict=True)
     return pairs
 
 
@@ -305,11 +349,25 @@ async def _throughput(side: Direct | Ours, name: str) -> float:
     return elapsed / sum(stream.tokens for stream in streams)
 
 
+def _blocks(rounds: Rounds, count: int) -> dict[str, Any]:
+    """``paired``'s block and settle time for a metric of ``count`` rounds
+    (at least 4 blocks a side)."""
+    return {
+        "block": max(1, min(rounds.block, count // 4)),
+        "settle_s": settle_seconds() if rounds.settle else 0.0,
+    }
+
+
 async def measure_engines(
     direct: Direct, ours: Ours, rounds: Rounds
 ) -> list[dict[str, object]]:
     ttft = await paired(
-        "ttft", ours.first_token, direct.first_token, rounds.ttft, rounds.warmup
+        "ttft",
+        ours.first_token,
+        direct.first_token,
+        rounds.ttft,
+        rounds.warmup,
+        **_blocks(rounds, rounds.ttft),
     )
 
     async def ours_itl(request_id: str) -> float:
@@ -318,9 +376,21 @@ async def measure_engines(
     async def direct_itl(request_id: str) -> float:
         return (await direct.stream(request_id, STREAM_TOKENS)).inter_token
 
-    itl = await paired("itl", ours_itl, direct_itl, rounds.stream, rounds.warmup)
+    itl = await paired(
+        "itl",
+        ours_itl,
+        direct_itl,
+        rounds.stream,
+        rounds.warmup,
+        **_blocks(rounds, rounds.stream),
+    )
     rejected = await paired(
-        "rejected", ours.rejected, direct.rejected, rounds.rejected, rounds.warmup
+        "rejected",
+        ours.rejected,
+        direct.rejected,
+        rounds.rejected,
+        rounds.warmup,
+        **_blocks(rounds, rounds.rejected),
     )
 
     async def ours_rate(request_id: str) -> float:
@@ -329,7 +399,14 @@ async def measure_engines(
     async def direct_rate(request_id: str) -> float:
         return await _throughput(direct, request_id)
 
-    rate = await paired("rate", ours_rate, direct_rate, rounds.throughput, 1)
+    rate = await paired(
+        "rate",
+        ours_rate,
+        direct_rate,
+        rounds.throughput,
+        1,
+        **_blocks(rounds, rounds.throughput),
+    )
     return [
         ratio_row("TTFT, AsyncOmni vs AsyncLLM", ttft, "<= 1.10", "ms", 1e3),
         ratio_row(
@@ -587,7 +664,14 @@ async def measure_http(
         async def upstream(_: str) -> float:
             return await _http_first_token(client, servers["upstream"].base_url)
 
-        pairs = await paired("http", ours, upstream, rounds.http, rounds.warmup)
+        pairs = await paired(
+            "http",
+            ours,
+            upstream,
+            rounds.http,
+            rounds.warmup,
+            **_blocks(rounds, rounds.http),
+        )
     return [
         ratio_row(
             "HTTP TTFT (completion stream), vllm-omni serve vs vllm serve",
@@ -641,7 +725,9 @@ def _measure_servers(
         return asyncio.run(measure_http(ready, rounds))
 
 
-def run(quick: bool = False, http: bool = True) -> list[dict[str, object]]:
+def run(
+    quick: bool = False, http: bool = True, settle: bool = True
+) -> list[dict[str, object]]:
     """The rows; the engines in process first, then (``http``) the servers:
     two engines at a time, so a 2-core machine starts them in reasonable time."""
     import yaml
@@ -650,6 +736,8 @@ def run(quick: bool = False, http: bool = True) -> list[dict[str, object]]:
     from tests.real_engine.tiny_model import build_tiny_model
 
     rounds = QUICK if quick else FULL
+    if not settle:
+        rounds = dataclasses.replace(rounds, block=1, settle=False)
     model = build_tiny_model()
     with tempfile.TemporaryDirectory() as tmp:
         pipeline = write_tiny_pipeline(Path(tmp), model)
@@ -687,6 +775,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a few rounds only")
     parser.add_argument("--no-http", action="store_true", help="skip the servers")
     parser.add_argument(
+        "--no-settle",
+        action="store_true",
+        help="alternate request by request, without letting the other side's "
+        "engine stop spinning first (the interleaving before blocks)",
+    )
+    parser.add_argument(
         "--breakdown",
         action="store_true",
         help="instead: where the time goes, hop by hop (Markdown tables)",
@@ -698,7 +792,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(run_breakdown(quick=args.quick))
         return 0
     load = os.getloadavg()
-    rows = run(quick=args.quick, http=not args.no_http)
+    rows = run(quick=args.quick, http=not args.no_http, settle=not args.no_settle)
     print(
         f"load average {load[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end"
     )

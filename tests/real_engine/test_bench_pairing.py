@@ -1,0 +1,87 @@
+"""``bench_real_engine.paired``: how the two sides are interleaved.
+
+Fake sides record the order they are called in; no engine runs. The blocks
+alternate which side goes first, each block waits ``settle_s`` first, and
+the ``i``-th request of one side's block is paired with the ``i``-th of the
+other's. ``settle_seconds`` reads upstream's spin time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+
+import pytest
+
+from benchmarks import bench_real_engine as bench
+
+
+def _side(label: str, log: list[str], clock: list[float]) -> bench.Measure:
+    async def measure(request_id: str) -> float:
+        log.append(request_id)
+        clock[0] += 1.0
+        return clock[0] if label == "ours" else -clock[0]
+
+    return measure
+
+
+def test_blocks_alternate_and_pair_by_position(monkeypatch: pytest.MonkeyPatch) -> None:
+    log: list[str] = []
+    clock = [0.0]
+    sleeps: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+
+    monkeypatch.setattr(bench.asyncio, "sleep", sleep)
+    pairs = asyncio.run(
+        bench.paired(
+            "t",
+            _side("ours", log, clock),
+            _side("up", log, clock),
+            rounds=5,
+            warmup=1,
+            block=2,
+            settle_s=1.5,
+        )
+    )
+    assert log == [
+        "t-warm-ours-0",
+        "t-warm-up-0",
+        "t-ours-0",
+        "t-ours-1",
+        "t-up-0",
+        "t-up-1",
+        "t-up-2",
+        "t-up-3",
+        "t-ours-2",
+        "t-ours-3",
+        "t-ours-4",
+        "t-up-4",
+    ]
+    # One settle before each side's block: 3 blocks, 2 sides.
+    assert sleeps == [1.5] * 6
+    assert pairs == [(3.0, -5.0), (4.0, -6.0), (9.0, -7.0), (10.0, -8.0), (11.0, -12.0)]
+
+
+def test_request_by_request_without_settling(monkeypatch: pytest.MonkeyPatch) -> None:
+    log: list[str] = []
+    clock = [0.0]
+
+    async def sleep(seconds: float) -> None:
+        raise AssertionError("no settle was asked for")
+
+    monkeypatch.setattr(bench.asyncio, "sleep", sleep)
+    pairs = asyncio.run(
+        bench.paired("r", _side("ours", log, clock), _side("up", log, clock), 3, 0)
+    )
+    assert log == ["r-ours-0", "r-up-0", "r-up-1", "r-ours-1", "r-ours-2", "r-up-2"]
+    assert pairs == [(1.0, -2.0), (4.0, -3.0), (5.0, -6.0)]
+
+
+def test_settle_time_is_upstream_spin_time_plus_a_margin() -> None:
+    from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+
+    spin = inspect.signature(SpinCondition).parameters["busy_loop_s"].default
+    assert bench.settle_seconds() == pytest.approx(spin + 0.2)
+    assert bench.FULL.settle and not bench.QUICK.settle
