@@ -883,3 +883,40 @@ def test_unsafe_fixes_needs_fix_or_sarif_offers(
         "(or --suggest --format sarif)\n"
     )
     assert (tmp_path / "app" / "speech.py").read_text() == UNSAFE_BEFORE
+
+
+def test_unsafe_fixes_leave_what_they_cannot_raise_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An awaited model, unpacked arguments and a parenthesized return are
+    left, with the reason, and the file is not touched."""
+    monkeypatch.chdir(tmp_path)
+    source = dedent(
+        """\
+        class Serving:
+            async def create(self, request):
+                if request.x:
+                    return await self.create_error_response("awaited")
+                if request.y:
+                    return self.create_error_response(*request.args)
+                if request.z:
+                    return self.create_error_response("m", *request.rest)
+                return (
+                    self.create_error_response("parenthesized")
+                )
+        """
+    )
+    path = tmp_path / "app" / "serving.py"
+    path.parent.mkdir()
+    path.write_text(source)
+    status, _, err = run("app", "--fix", "--unsafe-fixes", capsys=capsys)
+    assert status == 1
+    assert path.read_text() == source
+    assert unsafe_rows(err) == []
+    unpacked = f"{TO_CALLER}; its arguments are not a message, a type and a status"
+    assert left(err) == [
+        ("OMNI003", f"{TO_CALLER}; the call is awaited"),
+        ("OMNI003", unpacked),
+        ("OMNI003", unpacked),
+        ("OMNI003", "the returned call is not where the statement says"),
+    ]

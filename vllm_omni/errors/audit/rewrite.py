@@ -503,11 +503,13 @@ class _Context:
         (``--unsafe-fixes``): the type of its status, its message kept."""
         if name != "create_error_response":
             return Skip(finding, f"{reason}; {name}(...) has no message to raise")
+        if node.value is not call:
+            return Skip(finding, f"{reason}; the call is awaited")
         message = _message_argument(call)
         known = {"message", "err_type", "status_code"}
         if (
             message is None
-            or isinstance(message, ast.Starred)
+            or any(isinstance(a, ast.Starred) for a in call.args)
             or len(call.args) > 3
             or any(k.arg not in known for k in call.keywords)
         ):
