@@ -222,8 +222,9 @@ def _edit(text: Text, rewrite: Rewrite) -> Edit:
 def _raise_model_edit(text: Text, node: ast.AST, action: RaiseModel) -> Edit:
     """``return create_error_response(msg, ...)`` -> ``raise <Type>(msg)``:
     the statement's keyword and the call change, the message argument keeps
-    its text and layout; the type and status arguments go (a comment on
-    them refuses the rewrite)."""
+    its text and layout; the type and status arguments go (``_drop``: a
+    comment at the end of a dropped line moves to the line before, any other
+    refuses the rewrite)."""
     assert isinstance(node, ast.Return) and isinstance(node.value, ast.Call)
     start, _ = text.span(node)
     value_start, end = _exact_span(text, node.value)
@@ -242,10 +243,10 @@ def _raise_model_edit(text: Text, node: ast.AST, action: RaiseModel) -> Edit:
         0,
     )
     lead = call.whitespace_before_args
+    # Last first: the indices not visited yet still name the same arguments.
     for index in reversed(range(len(args))):
         if index != keep:
             args, lead = _drop(args, index, lead)
-            keep -= index < keep
     args[0] = args[0].with_changes(keyword=None, equal=cst.MaybeSentinel.DEFAULT)
     new = call.with_changes(
         func=cst.Name(action.type_name), args=args, whitespace_before_args=lead

@@ -146,7 +146,6 @@ class RaiseModel:
     exception)."""
 
     type_name: str
-    message: ast.expr
     # The status the type takes as ``status_code=``, or None.
     explicit: int | None = None
 
@@ -526,7 +525,7 @@ class _Context:
         return Rewrite(
             finding,
             "unsafe",
-            RaiseModel(type_name, message, status if explicit else None),
+            RaiseModel(type_name, status if explicit else None),
             node,
             needed,
             (),
