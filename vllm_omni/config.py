@@ -32,6 +32,24 @@ Schema::
       - {stage: talker, marker: "@exit", action: exit}        # os._exit(1)
       - {stage: 1, marker: "@hang", action: hang}             # past the deadline
 
+Where a stage runs (``in_process``): a stage whose ``in_process`` is true
+runs in the orchestrator's process instead of a stage process of its own,
+when the engine runs its stages as local processes (not Ray), the stage is
+not ``remote`` and no fault drill is aimed at it (a drill may exit or hang
+its process). The default is true for the guardrail (its check is a few
+microseconds, a process hop hundreds) and false for every other kind. A
+``vllm`` stage with ``in_process: true`` runs upstream's ``AsyncLLM`` in the
+orchestrator's process, as ``vllm serve`` runs it in its API server: no
+process hop per request and per token, its EngineCore a process of its own
+as always. A stage there shares the orchestrator's event loop, so only a
+stage whose work awaits belongs there (not an image or video stage, whose
+work holds the CPU)::
+
+    stages:
+      - {id: 0, name: guardrail, kind: guardrail}           # in process
+      - {id: 1, name: thinker, kind: vllm, in_process: true,
+         options: {engine_args: {model: ...}}}
+
 A stage's ``max_num_queued_reqs`` bounds the requests that stage holds at
 once (the engine-wide ``--max-num-queued-reqs`` still applies): a request
 handed to a full stage is refused with ``QueueOverflowError`` (503, with that
@@ -111,6 +129,7 @@ _STAGE_KEYS = {
     "max_num_queued_reqs",
     "remote",
     "legacy_wire",
+    "in_process",
     "options",
     "ray",
 }
@@ -186,6 +205,9 @@ class StageConfig:
     legacy_wire: bool = False
     options: Mapping[str, Any] = field(default_factory=dict)
     ray: RayStageOptions = field(default_factory=RayStageOptions)
+    # Run in the orchestrator's process (see the module docstring); None: the
+    # kind's default (``vllm_omni.stages.INLINE_KINDS``).
+    in_process: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -413,6 +435,15 @@ def _stage(raw: object, index: int) -> StageConfig:
     for flag in ("remote", "legacy_wire"):
         if not isinstance(raw.get(flag, False), bool):
             _reject(f"{flag} must be true or false", f"{where}.{flag}")
+    in_process = raw.get("in_process")
+    if in_process is not None and not isinstance(in_process, bool):
+        _reject("in_process must be true or false", f"{where}.in_process")
+    if in_process and raw.get("remote", False):
+        _reject(
+            "a remote stage runs on another host, not in the orchestrator's "
+            "process: set remote or in_process, not both",
+            f"{where}.in_process",
+        )
     options = raw.get("options", {})
     if not isinstance(options, Mapping):
         _reject("options must be a mapping", f"{where}.options")
@@ -426,6 +457,7 @@ def _stage(raw: object, index: int) -> StageConfig:
         legacy_wire=raw.get("legacy_wire", False),
         options=dict(options),
         ray=_ray_options(raw.get("ray", {}), f"{where}.ray"),
+        in_process=in_process,
     )
 
 

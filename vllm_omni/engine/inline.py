@@ -1,11 +1,13 @@
 """Stages that run in the orchestrator's process: the stage contract, no hop.
 
-A stage of a kind in ``vllm_omni.stages.INLINE_KINDS`` (the guardrail)
-runs here instead of in a stage process of its own, when the engine runs
-its stages as local processes and nothing asks for one (not ``remote``, no
-fault drill aimed at it): its work is a few microseconds, a process hop
-there and back is hundreds. Everything a stage process does for a request
-is done here the same way (``stage_worker``):
+A stage runs here instead of in a stage process of its own when its
+``in_process`` says so (by default the kinds in
+``vllm_omni.stages.INLINE_KINDS``: the guardrail), the engine runs its
+stages as local processes, and nothing asks for a process (not ``remote``,
+no fault drill aimed at it). A hop to a stage process and back costs
+hundreds of microseconds per request, and a streaming stage pays a message
+per chunk on top; here a chunk is one queue put. Everything a stage process
+does for a request is done here the same way (``stage_worker``):
 
 - what the stage raises is normalized here, with ``normalize(exc,
   request_id=..., stage_id=...)`` in strict mode, into the same record a
@@ -13,28 +15,62 @@ is done here the same way (``stage_worker``):
   own, nobody cancelling, is a failure like any other), logged with the
   same line (``log_failure``); the orchestrator rebuilds it with
   ``to_exception``, as it does a record off the wire;
-- an abort is logged with the same line (``log_abort``) and counted;
+- an abort cancels the request's running work, as in a stage process, and
+  is logged with the same line (``log_abort``) and counted;
 - its log lines are a stage process's (``stage_logger``): stamped with the
   stage and request ids, one write each to stderr, at the level and with
   the tracebacks the engine's process would show, credentials redacted;
 - ``stats`` answers what a stage process answers (``StageStats``), with this
-  process's pid.
+  process's pid;
+- liveness: a stage process that can no longer serve exits and the
+  orchestrator sees the exit; a stage here is asked instead
+  (``health``, every watch tick): what its ``check_health`` raises (the
+  ``vllm`` stage: upstream's ``EngineDeadError`` once its EngineCore died)
+  is the stage's death, even while no request is in flight;
+- the engine's ``vllm:`` metrics: what the stage's engine registered on this
+  process's default registry while it started is moved to a registry of
+  the stage's own and exported with the ``stage`` label
+  (``stage_metrics``), as a stage process's files are; a stage that can no
+  longer serve shows its counters and histograms and no gauge;
+- shutdown: the stage's ``shutdown`` runs when the engine shuts down (the
+  ``vllm`` stage stops its EngineCore there).
 
-The orchestrator runs a request through it in the request's own task,
-between the stages on either side (``Orchestrator._run``). That is why only
-kinds whose ``generate`` never waits may be inline: nothing can preempt
-it, and there is nothing to cancel. This module must not decide statuses or
-build envelopes, and must not rebuild exceptions from records.
+Two ways to run a request, by whether the stage's ``generate`` waits:
+
+- a kind of ``INLINE_KINDS`` never waits: the orchestrator runs it in the
+  request's own task (``run``), between the stages on either side; nothing
+  can preempt it and there is nothing to cancel;
+- any other kind (``waits``) runs in a task of its own per request
+  (``spawn``), as in a stage process, so that an abort, a deadline or the
+  consumer going away cancels exactly that request's work; each chunk is
+  handed to the orchestrator as it comes (``emit``).
+
+This module must not decide statuses or build envelopes, and must not
+rebuild exceptions from records.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import sys
+import types
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from vllm_omni.config import PipelineConfig, StageConfig
 from vllm_omni.engine import hops
 from vllm_omni.engine import messages as m
+from vllm_omni.engine.stage_metrics import (
+    ENGINE_PREFIX,
+    engine_families,
+    without_gauges,
+)
 from vllm_omni.engine.stage_worker import (
     StageStats,
     log_abort,
@@ -47,21 +83,54 @@ from vllm_omni.stages import INLINE_KINDS, build_stage
 
 __all__ = ["Failure", "InlineStage", "runs_inline"]
 
+logger = logging.getLogger(__name__)
+
 # A request's failure in an inline stage: its record, and what was raised.
 Failure = tuple[OmniErrorDetails, BaseException]
 
 
 def runs_inline(stage: StageConfig, pipeline: PipelineConfig, local: bool) -> bool:
-    """Whether ``stage`` runs in the orchestrator's process: an inline kind,
-    on an engine whose stages are local processes (``local``), not started
-    by an operator elsewhere, and no fault drill aimed at it (a drill may
-    exit or hang its process)."""
-    return (
-        local
-        and stage.kind in INLINE_KINDS
-        and not stage.remote
-        and not pipeline.faults_for(stage.id)
-    )
+    """Whether ``stage`` runs in the orchestrator's process: it asks to (its
+    ``in_process``, by default whether its kind is an inline kind), on an
+    engine whose stages are local processes (``local``), not started by an
+    operator elsewhere, and no fault drill aimed at it (a drill may exit or
+    hang its process)."""
+    wanted = stage.in_process
+    if wanted is None:
+        wanted = stage.kind in INLINE_KINDS
+    return local and wanted and not stage.remote and not pipeline.faults_for(stage.id)
+
+
+def _engine_collectors() -> set[Collector]:
+    """The collectors of ``vllm:`` families on this process's default
+    registry (vLLM's own ``unregister_vllm_metrics`` picks them this way)."""
+    names = REGISTRY._collector_to_names  # private: vLLM reads it so too
+    return {
+        collector
+        for collector, families in list(names.items())
+        if any(name.startswith(ENGINE_PREFIX) for name in families)
+    }
+
+
+@contextlib.contextmanager
+def _main_module_hidden() -> Iterator[None]:
+    """While it lasts, ``__main__`` is a module of no file.
+
+    A process that multiprocessing starts with ``spawn`` runs the parent's
+    main module again first (to find what it unpickles): a caller's plain
+    script, without the ``__main__`` guard, would start its work over in
+    it. A stage process is started so that this never happens
+    (``launcher``); a stage here starts its engine from the caller's
+    process, and upstream's EngineCore is such a process (vLLM's CPU build
+    always spawns it). It needs nothing of the caller's module: it is hidden
+    while the stage starts."""
+    main = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        if main is not None:
+            sys.modules["__main__"] = main
 
 
 class InlineStage:
@@ -77,40 +146,97 @@ class InlineStage:
     ) -> None:
         self.config = config
         self._stage = build_stage(config, pipeline)
+        # Its ``generate`` awaits: each request runs in a task of its own.
+        self.waits = config.kind not in INLINE_KINDS
         self._stats = StageStats()
         self._active: set[str] = set()
+        self._tasks: dict[str, asyncio.Task[None]] = {}
         self._log = stage_logger(config.id, log_level, log_tracebacks)
+        # The engine metrics this stage's engine registered (``start``).
+        self._metrics = CollectorRegistry(auto_describe=True)
+        # Its engine registered some: the orchestrator exports them.
+        self.exports_metrics = False
+        self._closed = False
 
     async def start(self) -> None:
-        await self._stage.start()
+        before = _engine_collectors()
+        try:
+            with _main_module_hidden():
+                await self._stage.start()
+        finally:
+            # Whatever its engine registered, even if the start then failed
+            # (a second engine's start would unregister it: vLLM's rule).
+            for collector in _engine_collectors() - before:
+                with contextlib.suppress(KeyError):
+                    REGISTRY.unregister(collector)
+                self._metrics.register(collector)
+                self.exports_metrics = True
+
+    # -- requests that never wait (the request's own task) ---------------------
 
     async def run(self, request: m.Submit) -> tuple[list[m.Payload], Failure | None]:
         """Run one request: its payloads, or the failure's record and the
         exception (for the orchestrator's log of a fatal one)."""
+        payloads: list[m.Payload] = []
+        failure = await self.stream(request, payloads.append)
+        return ([], failure) if failure is not None else (payloads, None)
+
+    # -- requests that wait (a task of their own) ------------------------------
+
+    def spawn(
+        self,
+        request: m.Submit,
+        emit: Callable[[m.Payload], None],
+        done: Callable[[Failure | None], None],
+    ) -> asyncio.Task[None]:
+        """Run one request in a task of its own: each payload goes to
+        ``emit`` as it comes, then ``done`` gets the failure or ``None``.
+        An abort (``abort``) cancels the task: neither is called then."""
+
+        async def serve() -> None:
+            done(await self.stream(request, emit))
+
+        task = asyncio.get_running_loop().create_task(serve(), name=request.request_id)
+        self._tasks[request.request_id] = task
+        task.add_done_callback(lambda t: self._forget(request.request_id, t))
+        return task
+
+    def _forget(self, request_id: str, task: asyncio.Task[Any] | None) -> None:
+        if self._tasks.get(request_id) is task:
+            del self._tasks[request_id]
+
+    async def stream(
+        self, request: m.Submit, emit: Callable[[m.Payload], None]
+    ) -> Failure | None:
+        """Run one request, each payload to ``emit``: ``None`` once it
+        finished, or its failure."""
         stage_id = self.config.id
         request_id = request.request_id
         hops.mark(request_id, "stage.started", stage_id)
         self._stats.submitted += 1
         self._active.add(request_id)
-        payloads: list[m.Payload] = []
         try:
             async for payload in self._stage.generate(request):
                 hops.mark(request_id, "stage.payload", stage_id)
-                payloads.append(payload)
+                emit(payload)
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
-                raise  # the request's consumer went away: no record
-            return [], self._fail(request_id, exc)
+                raise  # an abort, a deadline, the consumer gone: no record
+            return self._fail(request_id, exc)
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as exc:  # every other failure becomes a record
-            return [], self._fail(request_id, exc)
+            return self._fail(request_id, exc)
         finally:
+            # No longer active before the orchestrator hears of the end
+            # (whoever reads it may ask for ``stats`` next), as a stage
+            # process's ``_ended``.
             self._active.discard(request_id)
+            self._forget(request_id, asyncio.current_task())
         self._stats.completed += 1
         hops.mark(request_id, "stage.finished", stage_id)
-        return payloads, None
+        return None
 
     def _fail(self, request_id: str, exc: BaseException) -> Failure:
         hops.mark(request_id, "stage.failing", self.config.id)
@@ -121,15 +247,80 @@ class InlineStage:
         return details, exc
 
     def abort(self, request_id: str) -> None:
-        """An abort reached this stage (its work never runs past one step)."""
+        """An abort reached this stage: its running work is cancelled."""
         self._stats.aborts.append(request_id)
-        log_abort(self.config.id, request_id, False, self._log)
+        task = self._tasks.get(request_id)
+        running = task is not None and not task.done()
+        if running:
+            task.cancel()  # type: ignore[union-attr]
+            self._stats.cancelled.append(request_id)
+        log_abort(self.config.id, request_id, running, self._log)
+
+    def cancel_all(self) -> None:
+        """Cancel every request's running work (the engine died): as a dead
+        stage process's work stops. Not an abort: nothing is logged."""
+        try:
+            current = asyncio.current_task()
+        except RuntimeError:  # outside a running loop (a finalizer at exit)
+            current = None
+        for task in list(self._tasks.values()):
+            if task is not current:
+                with contextlib.suppress(RuntimeError):  # its loop closed already
+                    task.cancel()
+
+    # -- liveness, metrics, shutdown -------------------------------------------
+
+    def health(self) -> Failure | None:
+        """``None`` while the stage can serve; else why not, as the record a
+        stage process's fatal failure would carry (no request id)."""
+        if self._closed:
+            return None
+        try:
+            self._stage.check_health()
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # a stage that cannot serve: its death
+            return normalize(exc, stage_id=self.config.id), exc
+        return None
+
+    def stage_families(self) -> Iterable[tuple[int, list[Metric]]]:
+        """This stage's engine families (``StageMetricsSource``): no gauges
+        once it can no longer serve or was shut down."""
+        families = engine_families(self._metrics.collect())
+        if not families:
+            return
+        serving = not self._closed and self.health() is None
+        yield self.config.id, families if serving else without_gauges(families)
+
+    def close(self) -> None:
+        """Cancel what still runs and shut the stage down (its EngineCore
+        too); idempotent. The stage's ``shutdown`` must not wait on anything
+        (``Stage.shutdown``): it runs to its end here, inside or outside a
+        running loop."""
+        if self._closed:
+            return
+        self._closed = True
+        self.cancel_all()
+        closing = self._stage.shutdown()
+        try:
+            closing.send(None)
+        except StopIteration:
+            return
+        except Exception:
+            logger.exception("stage %d failed to shut down", self.config.id)
+            return
+        closing.close()
+        logger.warning(
+            "stage %d: its shutdown waited on something; it was not finished",
+            self.config.id,
+        )
 
     def utility(self, method: str) -> Any:
         """What a stage process answers to a utility call (``hops``: nothing,
         this process's marks are the orchestrator's)."""
         if method == "stats":
-            return self._stats.report(self.config, self._active, compact=True)
+            active = self._active | set(self._tasks)
+            return self._stats.report(self.config, active, compact=True)
         if method == "hops":
             return []
         return {"error": f"unknown utility {method!r}"}

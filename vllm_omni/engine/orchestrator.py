@@ -36,6 +36,13 @@ into results or exceptions:
   bounds what it holds), so a send either reaches the stage's pipe or fails
   its request with a canonical error.
 
+A stage may run in this process instead (``in_process``, see
+``engine.inline``): the guardrail by default, a ``vllm`` stage when its
+pipeline asks. Its requests get the same records, deadlines, aborts and
+admission; it has no process to exit, so the watch asks it whether it can
+still serve (its engine's EngineCore alive) every tick, and its death is the
+engine's as a stage process's exit is.
+
 Each local stage process keeps its engine's metrics in a directory of its
 own under one directory per engine (``stage_metrics``), which this module
 creates, puts on ``/metrics`` and removes when it shuts down.
@@ -85,7 +92,7 @@ from vllm_omni import __version__
 from vllm_omni.config import HEARTBEAT_INTERVAL_S, PipelineConfig, StageConfig
 from vllm_omni.engine import hops, liveness, processes
 from vllm_omni.engine import messages as m
-from vllm_omni.engine.inline import InlineStage, runs_inline
+from vllm_omni.engine.inline import Failure, InlineStage, runs_inline
 from vllm_omni.engine.loop_socket import LoopSocket
 from vllm_omni.engine.processes import LauncherError, Lease, StageProcess
 from vllm_omni.engine.stage_metrics import STAGE_METRICS, StageDirectories
@@ -506,6 +513,8 @@ class Orchestrator:
                 )
                 await handle.inline.start()
             except Exception as error:
+                if handle.inline is not None:
+                    handle.inline.close()
                 lines = str(error).strip().splitlines()
                 self._fail_start(
                     stage, f"{type(error).__name__}: {lines[0]}" if lines else ""
@@ -520,6 +529,8 @@ class Orchestrator:
                     wire=m.WIRE_VERSION,
                 )
             )
+            if handle.inline.exports_metrics:
+                STAGE_METRICS.add(handle.inline)
             logger.info(
                 "stage %d (%s) ready in the orchestrator's process",
                 stage.id,
@@ -576,6 +587,10 @@ class Orchestrator:
         for handle in self._handles.values():
             if handle.ready.done() and not handle.ready.cancelled():
                 handle.ready.exception()  # retrieved: a failed start already raised
+        for handle in self._handles.values():
+            if handle.inline is not None:
+                handle.inline.close()
+                STAGE_METRICS.remove(handle.inline)
         deadline = time.monotonic() + timeout_s
         for handle in self._handles.values():
             if handle.process is not None:
@@ -724,6 +739,11 @@ class Orchestrator:
                 for handle in self._handles.values():
                     handle.last_seen = liveness.credited(handle.last_seen, paused, now)
             for handle in self._handles.values():
+                failure = handle.inline.health() if handle.inline is not None else None
+                if failure is not None:
+                    # In this process: its engine died (no process to exit).
+                    self._mark_dead(handle.config.id, fatal_reason(failure[1]))
+                    return
                 process = handle.process
                 if process is not None and not process.is_alive():
                     # Let the receiver deliver a fatal record sent just before exit.
@@ -871,6 +891,8 @@ class Orchestrator:
         # included, gets the same error with the reason and its own id.
         self._close_requests(lambda request: self._dead_error_for(request.wire_id))
         for handle in self._handles.values():
+            if handle.inline is not None:
+                handle.inline.cancel_all()  # as a dead stage process stops
             if not handle.ready.done():
                 handle.ready.set_exception(self._dead_error_for(None))
         for future in self._calls.values():
@@ -1019,7 +1041,10 @@ class Orchestrator:
             self._submit(request, stage, submit)
             inline = self._handles[stage.id].inline
             if inline is not None:
-                await self._run_inline(request, stage, inline, submit)
+                if inline.waits:
+                    self._spawn_inline(request, stage, inline, submit)
+                else:
+                    await self._run_inline(request, stage, inline, submit)
             result = m.Payload()
             while True:
                 item = await request.queue.get()
@@ -1094,6 +1119,39 @@ class Orchestrator:
         """Run the request through a stage in this process; what comes out
         is queued for ``_run`` as a stage process's messages would be."""
         payloads, failure = await inline.run(submit)
+        for payload in payloads:
+            self._emit(request, stage, payload)
+        self._inline_done(request, stage, failure)
+
+    def _spawn_inline(
+        self,
+        request: _Request,
+        stage: StageConfig,
+        inline: InlineStage,
+        submit: m.Submit,
+    ) -> None:
+        """Run the request through a stage in this process that waits, in a
+        task of its own (aborts cancel it): each chunk is queued for ``_run``
+        as it comes, as a stage process's messages would be."""
+        inline.spawn(
+            submit,
+            functools.partial(self._emit, request, stage),
+            functools.partial(self._inline_done, request, stage),
+        )
+
+    @staticmethod
+    def _emit(request: _Request, stage: StageConfig, payload: m.Payload) -> None:
+        if not request.closed and request.stage is stage:
+            hops.mark(request.wire_id, "orchestrator.received", stage.id)
+            request.queue.put_nowait(
+                m.Output(request_id=request.wire_id, stage_id=stage.id, payload=payload)
+            )
+
+    def _inline_done(
+        self, request: _Request, stage: StageConfig, failure: Failure | None
+    ) -> None:
+        """A stage in this process finished the request (``failure`` is
+        ``None``) or failed it: what a stage process's last message does."""
         if request.closed or request.stage is not stage:
             return  # failed, aborted or timed out meanwhile: already queued
         if failure is not None:
@@ -1106,10 +1164,6 @@ class Orchestrator:
                 self._close(request, to_exception(details))
             return
         self._cancel_timer(request)
-        for payload in payloads:
-            request.queue.put_nowait(
-                m.Output(request_id=request.wire_id, stage_id=stage.id, payload=payload)
-            )
         request.queue.put_nowait(
             m.Output(request_id=request.wire_id, stage_id=stage.id, finished=True)
         )

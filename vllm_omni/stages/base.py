@@ -43,8 +43,17 @@ class Stage(abc.ABC):
     def generate(self, request: Submit) -> AsyncIterator[Payload]:
         """Produce the request's result as a stream of chunks."""
 
+    def check_health(self) -> None:  # noqa: B027 - optional hook
+        """Raise when the stage can no longer serve anything (its engine
+        died); the exception is the stage's death, as ``EngineDeadError``
+        raised by a request is. Asked about every 100 ms of a stage in the
+        orchestrator's process (``engine.inline``), so it must be cheap and
+        must not wait. Default: nothing."""
+
     async def shutdown(self) -> None:  # noqa: B027 - optional hook
-        """Release resources before the process exits. Default: nothing."""
+        """Release resources before the process exits. Default: nothing. A
+        stage that may run in the orchestrator's process must not await
+        anything here: the engine's shutdown is synchronous."""
 
 
 def bounded_int(

@@ -472,6 +472,14 @@ class VLLMStage(Stage):
             return logprobs
         return _chat_logprobs(completion, inputs.top)
 
+    def check_health(self) -> None:
+        """Upstream's ``EngineDeadError`` once the engine's EngineCore died
+        (``AsyncLLM.errored``): the stage's death, noticed with no request in
+        flight."""
+        engine = self._engine
+        if engine is not None and getattr(engine, "errored", False):
+            raise engine.dead_error
+
     async def shutdown(self) -> None:
         if self._engine is not None:
             self._engine.shutdown()

@@ -1,0 +1,127 @@
+"""A ``vllm`` stage over a fake ``AsyncLLM``, for a stage in the engine's process.
+
+Only a stage in the orchestrator's process can be given a fake engine this
+way: the test points ``STAGE_KINDS["vllm"]`` at ``FakeVLLMStage``, which is
+upstream's bridge (``VLLMStage``, every line of it) over ``FakeAsyncLLM``.
+The fake does what the real engine's front end does where the contract
+meets it (the main environment's vLLM has no engine that runs on a CPU; the
+real one is in ``tests/real_engine``):
+
+- while it is built it registers ``vllm:`` metrics on the default registry,
+  a gauge and a counter labelled as upstream labels them;
+- ``generate`` streams a few deltas; a prompt with ``@hang`` waits until
+  the request is closed (an abort: the stream is closed, as ``AsyncLLM``
+  aborts a request whose stream closes), ``@reject`` raises upstream's
+  ``VLLMValidationError`` with its parameter, ``@die`` kills the engine
+  (``EngineDeadError`` here and in every request it holds);
+- ``errored``/``dead_error`` as ``AsyncLLM`` has them, set by ``die()``
+  (its EngineCore gone, with or without a request in flight).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar
+
+from prometheus_client import Counter, Gauge
+from vllm.exceptions import VLLMValidationError
+from vllm.outputs import CompletionOutput, RequestOutput
+from vllm.v1.engine.exceptions import EngineDeadError
+
+from vllm_omni.config import PipelineConfig, StageConfig
+from vllm_omni.stages.vllm_backend import VLLMStage
+
+__all__ = ["REPLY", "FakeAsyncLLM", "FakeVLLMStage"]
+
+REPLY = ("one", " two", " three")
+_LABELS = ["model_name", "engine"]
+
+
+class FakeAsyncLLM:
+    """The engines built in this process, newest last (``built``)."""
+
+    built: ClassVar[list[FakeAsyncLLM]] = []
+
+    def __init__(self, engine_args: dict[str, Any]) -> None:
+        self.model = engine_args["served_model_name"]
+        self.running = Gauge(
+            "vllm:num_requests_running", "Running requests.", _LABELS
+        ).labels(self.model, "0")
+        self.success = Counter(
+            "vllm:request_success", "Finished requests.", _LABELS
+        ).labels(self.model, "0")
+        self.closed: list[str] = []
+        self.was_shut_down = False
+        self._dead = asyncio.Event()
+        FakeAsyncLLM.built.append(self)
+
+    @property
+    def errored(self) -> bool:
+        return self._dead.is_set()
+
+    @property
+    def dead_error(self) -> BaseException:
+        return EngineDeadError()
+
+    def die(self) -> None:
+        """The EngineCore is gone: every request it holds fails."""
+        self._dead.set()
+
+    async def generate(
+        self,
+        prompt: str,
+        sampling_params: Any,
+        request_id: str,
+        lora_request: Any = None,
+        priority: int = 0,
+    ) -> AsyncIterator[RequestOutput]:
+        if self.errored:
+            raise EngineDeadError()
+        if "@reject" in prompt:
+            raise VLLMValidationError(
+                "top_k must be at least 1", parameter="top_k", value=0
+            )
+        self.running.inc()
+        try:
+            if "@die" in prompt:
+                self.die()
+            if "@hang" in prompt or "@die" in prompt:
+                await self._dead.wait()
+                raise EngineDeadError()
+            for index, text in enumerate(REPLY):
+                await asyncio.sleep(0)
+                last = index == len(REPLY) - 1
+                yield RequestOutput(
+                    request_id=request_id,
+                    prompt=prompt,
+                    prompt_token_ids=[1, 2],
+                    prompt_logprobs=None,
+                    outputs=[
+                        CompletionOutput(
+                            index=0,
+                            text=text,
+                            token_ids=[index + 3],
+                            cumulative_logprob=None,
+                            logprobs=None,
+                            finish_reason="length" if last else None,
+                        )
+                    ],
+                    finished=last,
+                )
+            self.success.inc()
+        except (GeneratorExit, asyncio.CancelledError):
+            self.closed.append(request_id)  # AsyncLLM aborts the request here
+            raise
+        finally:
+            self.running.dec()
+
+    def shutdown(self) -> None:
+        self.was_shut_down = True
+
+
+class FakeVLLMStage(VLLMStage):
+    """Upstream's bridge over ``FakeAsyncLLM``."""
+
+    def __init__(self, config: StageConfig, pipeline: PipelineConfig) -> None:
+        super().__init__(config, pipeline, engine_factory=FakeAsyncLLM)

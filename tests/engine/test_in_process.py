@@ -1,0 +1,256 @@
+"""A ``vllm`` stage in the orchestrator's process (``in_process: true``).
+
+The stage is upstream's bridge (``VLLMStage``) over a fake ``AsyncLLM``
+(``tests/engine/fake_async_llm.py``; the real engine runs in
+``tests/real_engine/test_in_process.py``). The contract holds as for a
+stage process: one record per failure with the stage's id, a deadline is a
+504 that aborts the request in the engine, a consumer that goes away and
+``abort()`` close the engine's stream, an engine that dies (with or without
+a request in flight) kills the engine with its stage id, ``stage_stats``
+answers, the engine's ``vllm:`` metrics carry the ``stage`` label (no
+gauges once it is dead), and shutdown shuts the engine down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from tests.engine.engines import collect, drain, wait_for, write_pipeline
+from tests.engine.fake_async_llm import REPLY, FakeAsyncLLM
+from tests.prom import local_text, samples, value
+from vllm_omni.config import load_pipeline
+from vllm_omni.entrypoints.async_omni import AsyncOmni
+from vllm_omni.errors import (
+    OmniEngineDeadError,
+    OmniStageTimeoutError,
+    VLLMValidationError,
+)
+from vllm_omni.stages import STAGE_KINDS
+
+pytestmark = pytest.mark.timeout(120)
+
+STAGE_ID = 1
+MODEL = "omni-in-process"
+
+
+def _pipeline(model: str = MODEL, **stage: Any) -> dict[str, Any]:
+    return {
+        "model": model,
+        "stages": [
+            {"id": 0, "name": "guardrail", "kind": "guardrail", "timeout_s": 5},
+            {
+                "id": STAGE_ID,
+                "name": "thinker",
+                "kind": "vllm",
+                "in_process": True,
+                "timeout_s": 1.5,
+                "options": {"engine_args": {"model": "fake"}},
+                **stage,
+            },
+        ],
+    }
+
+
+@pytest.fixture(scope="module")
+def fake_vllm() -> Iterator[None]:
+    """``kind: vllm`` builds the bridge over the fake engine (in this
+    process only: a stage process would build the real one)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(STAGE_KINDS, "vllm", "tests.engine.fake_async_llm:FakeVLLMStage")
+        yield
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def engine(
+    pipeline_dir: Path, fake_vllm: None
+) -> AsyncIterator[tuple[AsyncOmni, FakeAsyncLLM]]:
+    omni = await AsyncOmni.create(pipeline=write_pipeline(pipeline_dir, _pipeline()))
+    yield omni, FakeAsyncLLM.built[-1]
+    omni.shutdown()
+
+
+async def _failure(omni: AsyncOmni, prompt: str, request_id: str) -> BaseException:
+    with pytest.raises(Exception) as info:
+        await collect(omni, prompt, request_id=request_id)
+    return info.value
+
+
+async def _engine_has(fake: FakeAsyncLLM, request_id: str) -> None:
+    async def holds() -> bool:
+        return fake.running._value.get() > 0  # the fake's own gauge
+
+    await wait_for(holds)
+
+
+async def test_the_stage_streams_from_the_engines_process(
+    engine: tuple[AsyncOmni, FakeAsyncLLM],
+) -> None:
+    omni, _ = engine
+    assert omni.stage_pids()[STAGE_ID] is None
+    outputs = await collect(omni, "hello", request_id="ip-hello")
+    assert [o.text_delta for o in outputs[:-1]] == list(REPLY)
+    assert outputs[-1].finished and outputs[-1].text == "".join(REPLY)
+    assert outputs[-1].finish_reason == "length"
+    stats = (await omni.stage_stats())[STAGE_ID]
+    assert stats is not None and stats["pid"] == os.getpid()
+    assert stats["kind"] == "vllm" and stats["active"] == []
+
+
+async def test_an_engine_refusal_is_the_clients_400_with_its_parameter(
+    engine: tuple[AsyncOmni, FakeAsyncLLM],
+) -> None:
+    omni, _ = engine
+    error = await _failure(omni, "x @reject", "ip-reject")
+    assert isinstance(error, VLLMValidationError)
+    details = error.details  # type: ignore[attr-defined]
+    assert (details.status_code, details.parameter) == (400, "top_k")
+    assert (details.stage_id, details.request_id) == (STAGE_ID, "ip-reject")
+    assert not omni.errored
+
+
+async def test_a_deadline_is_a_504_and_aborts_the_request_in_the_engine(
+    engine: tuple[AsyncOmni, FakeAsyncLLM],
+) -> None:
+    omni, fake = engine
+    error = await _failure(omni, "x @hang", "ip-deadline")
+    assert isinstance(error, OmniStageTimeoutError)
+    assert error.details.status_code == 504 and error.details.stage_id == STAGE_ID
+
+    async def closed() -> bool:
+        return "ip-deadline" in fake.closed
+
+    await wait_for(closed)
+    stats = (await omni.stage_stats())[STAGE_ID]
+    assert "ip-deadline" in stats["cancelled"] and stats["active"] == []
+
+
+async def test_a_consumer_that_goes_away_aborts_the_request_in_the_engine(
+    engine: tuple[AsyncOmni, FakeAsyncLLM],
+) -> None:
+    omni, fake = engine
+    stream = omni.generate("x @hang", request_id="ip-gone", modalities=["text"])
+    task = asyncio.ensure_future(drain(stream))
+    await _engine_has(fake, "ip-gone")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    async def closed() -> bool:
+        return "ip-gone" in fake.closed
+
+    await wait_for(closed)
+    assert "ip-gone" in (await omni.stage_stats())[STAGE_ID]["cancelled"]
+
+
+async def test_abort_ends_the_stream_and_the_engines_request(
+    engine: tuple[AsyncOmni, FakeAsyncLLM],
+) -> None:
+    omni, fake = engine
+    stream = omni.generate("x @hang", request_id="ip-abort", modalities=["text"])
+    task = asyncio.ensure_future(drain(stream))
+    await _engine_has(fake, "ip-abort")
+    await omni.abort("ip-abort")
+    final = await task
+    assert final.finish_reason == "abort"
+
+    async def closed() -> bool:
+        return "ip-abort" in fake.closed
+
+    await wait_for(closed)
+    assert not omni.errored
+
+
+async def test_the_engines_metrics_carry_the_stage_label(
+    engine: tuple[AsyncOmni, FakeAsyncLLM],
+) -> None:
+    omni, _ = engine
+    await collect(omni, "count me", request_id="ip-metrics")
+    text = local_text()
+    labels = {"model_name": MODEL, "engine": "0", "stage": str(STAGE_ID)}
+    assert value(text, "vllm:request_success_total", **labels) >= 1
+    assert ("vllm:num_requests_running", frozenset(labels.items())) in samples(text)
+    # Only with the stage label: the engine's own series left the registry.
+    unlabelled = {"model_name": MODEL, "engine": "0"}
+    assert ("vllm:num_requests_running", frozenset(unlabelled.items())) not in (
+        samples(text)
+    )
+
+
+@pytest.mark.parametrize("in_flight", [True, False], ids=["in-flight", "idle"])
+async def test_an_engine_that_dies_kills_the_engine_with_the_stage_id(
+    pipeline_dir: Path, fake_vllm: None, in_flight: bool
+) -> None:
+    """In flight, the requests it holds fail with it; idle, nothing but the
+    watch can notice (a stage process would have exited)."""
+    model = f"omni-dies-{'in-flight' if in_flight else 'idle'}"
+    omni = await AsyncOmni.create(
+        pipeline=write_pipeline(pipeline_dir, _pipeline(model))
+    )
+    fake = FakeAsyncLLM.built[-1]
+    labels = {"model_name": model, "engine": "0", "stage": str(STAGE_ID)}
+    try:
+        await collect(omni, "count me", request_id=f"ip-ok-{in_flight}")
+        if in_flight:
+            held = asyncio.ensure_future(_failure(omni, "x @hang", "ip-held"))
+            await _engine_has(fake, "ip-held")
+            error = await _failure(omni, "x @die", "ip-die")
+            assert isinstance(error, OmniEngineDeadError)
+            assert error.stage_id == STAGE_ID and error.details.request_id == "ip-die"
+            failed = await asyncio.wait_for(held, 5)
+            assert isinstance(failed, OmniEngineDeadError)
+            assert failed.stage_id == STAGE_ID
+        else:
+            fake.die()  # its EngineCore is gone, no request in flight
+
+            async def dead() -> bool:
+                return omni.errored
+
+            await wait_for(dead, timeout_s=2)
+        assert omni.dead_error is not None and omni.dead_error.stage_id == STAGE_ID
+        later = await _failure(omni, "hello", f"ip-after-{in_flight}")
+        assert isinstance(later, OmniEngineDeadError) and later.stage_id == STAGE_ID
+        # A dead engine shows its counters, not its gauges.
+        seen = samples(local_text())
+        assert seen[("vllm:request_success_total", frozenset(labels.items()))] == 1
+        assert ("vllm:num_requests_running", frozenset(labels.items())) not in seen
+    finally:
+        omni.shutdown()
+    assert fake.was_shut_down
+    # A shut-down engine's metrics leave /metrics with it.
+    assert ("vllm:request_success_total", frozenset(labels.items())) not in (
+        samples(local_text())
+    )
+
+
+async def test_a_drill_aimed_at_it_puts_it_in_a_process(pipeline_dir: Path) -> None:
+    document = _pipeline(kind="text", options={})
+    document["faults"] = [{"stage": STAGE_ID, "marker": "@x", "action": "raise"}]
+    omni = await AsyncOmni.create(pipeline=write_pipeline(pipeline_dir, document))
+    try:
+        assert omni.stage_pids()[STAGE_ID] not in (None, os.getpid())
+        assert omni.stage_pids()[0] is None  # the guardrail stays here
+    finally:
+        omni.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("stage", "message"),
+    [
+        ({"in_process": "yes"}, "in_process must be true or false"),
+        ({"remote": True}, "set remote or in_process, not both"),
+    ],
+)
+def test_in_process_is_checked(
+    tmp_path: Path, stage: dict[str, Any], message: str
+) -> None:
+    path = write_pipeline(tmp_path, _pipeline(**stage))
+    with pytest.raises(VLLMValidationError, match=message) as info:
+        load_pipeline(str(path))
+    assert info.value.parameter == f"stages[{STAGE_ID}].in_process"  # type: ignore[attr-defined]
