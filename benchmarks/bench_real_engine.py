@@ -3,9 +3,12 @@
 
 In one process, one event loop: upstream's ``AsyncLLM`` driven directly
 (the baseline) and ``AsyncOmni`` on the tiny pipeline (``tests/real_engine/
-tiny-vllm.yaml``: the reference guardrail in front of a ``vllm`` stage
-process, the same engine arguments). Over HTTP: upstream's own ``vllm
-serve`` and ``vllm-omni serve`` on that pipeline, both running. Every metric
+tiny-vllm.yaml``: the reference guardrail in front of a ``vllm`` stage, the
+same engine arguments), its ``vllm`` stage in the orchestrator's process
+(``in_process: true``, the default here) or, with ``--placement process``,
+in a stage process of its own (the pipeline's default). Over HTTP:
+upstream's own ``vllm serve`` and ``vllm-omni serve`` on that pipeline, both
+running. Every metric
 alternates the two sides request by request (streams, bursts), the side
 that goes first swapped every round, and reports the median of the rounds'
 ratios (ours / upstream) with their interquartile range
@@ -58,6 +61,11 @@ TTFT_TOKENS = 8
 STREAM_TOKENS = 64
 CONCURRENT = 32
 CONCURRENT_TOKENS = 32
+# Where our vllm stage runs (--placement), as the output names it.
+PLACEMENTS = {
+    "in_process": "in the orchestrator's process (in_process: true)",
+    "process": "in a stage process of its own",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -442,18 +450,20 @@ DESCRIBE = {
         "wire to the stage: encode, ZMQ, the stage's loop wakes, decode"
     ),
     ("stage.received", "stage.started"): "stage event loop: the request's task starts",
+    ("orchestrator.submit", "stage.started"): (
+        "stage in the orchestrator's process: the request starts there"
+    ),
     ("stage.started", "stage.payload"): "the stage's work",
     ("stage.payload", "stage.finished"): "stage sends its payload, then finished",
     ("stage.finished", "orchestrator.submit"): (
         "wire back; the orchestrator reads both, submits to the next stage"
     ),
     ("stage.started", "engine.generate"): "vllm stage: SamplingParams from params",
-    ("engine.generate", "engine.output"): (
-        "upstream AsyncLLM in the stage process, to its first output"
-    ),
+    ("engine.generate", "engine.output"): "upstream AsyncLLM, to its first output",
     ("engine.output", "stage.payload"): "vllm stage: output to payload",
     ("stage.payload", "orchestrator.received"): (
-        "wire back: encode, ZMQ, the orchestrator's loop wakes, decode"
+        "to the orchestrator: a stage process's wire (encode, ZMQ, the "
+        "loop wakes, decode), or in process the call that queues it"
     ),
     ("orchestrator.received", "orchestrator.yield"): (
         "orchestrator: dispatch, request queue, its generator"
@@ -726,7 +736,10 @@ def _measure_servers(
 
 
 def run(
-    quick: bool = False, http: bool = True, settle: bool = True
+    quick: bool = False,
+    http: bool = True,
+    settle: bool = True,
+    in_process: bool = True,
 ) -> list[dict[str, object]]:
     """The rows; the engines in process first, then (``http``) the servers:
     two engines at a time, so a 2-core machine starts them in reasonable time."""
@@ -740,7 +753,7 @@ def run(
         rounds = dataclasses.replace(rounds, block=1, settle=False)
     model = build_tiny_model()
     with tempfile.TemporaryDirectory() as tmp:
-        pipeline = write_tiny_pipeline(Path(tmp), model)
+        pipeline = write_tiny_pipeline(Path(tmp), model, in_process=in_process)
         stages = yaml.safe_load(pipeline.read_text())["stages"]
         vllm_stage = next(s for s in stages if s["kind"] == "vllm")
         engine_args = vllm_stage["options"]["engine_args"]
@@ -751,7 +764,7 @@ def run(
     return rows
 
 
-def run_breakdown(quick: bool = False) -> str:
+def run_breakdown(quick: bool = False, in_process: bool = True) -> str:
     """The per-hop tables: the engines in process, every hop marked."""
     import yaml
 
@@ -760,7 +773,9 @@ def run_breakdown(quick: bool = False) -> str:
 
     rounds = QUICK if quick else FULL
     with tempfile.TemporaryDirectory() as tmp:
-        pipeline = write_tiny_pipeline(Path(tmp), build_tiny_model())
+        pipeline = write_tiny_pipeline(
+            Path(tmp), build_tiny_model(), in_process=in_process
+        )
         stages = yaml.safe_load(pipeline.read_text())["stages"]
         engine_args = next(s for s in stages if s["kind"] == "vllm")["options"][
             "engine_args"
@@ -781,21 +796,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         "engine stop spinning first (the interleaving before blocks)",
     )
     parser.add_argument(
+        "--placement",
+        choices=PLACEMENTS,
+        default="in_process",
+        help="where our vllm stage runs: in the orchestrator's process "
+        "(in_process: true) or in a stage process of its own",
+    )
+    parser.add_argument(
         "--breakdown",
         action="store_true",
         help="instead: where the time goes, hop by hop (Markdown tables)",
     )
     args = parser.parse_args(argv)
+    in_process = args.placement == "in_process"
     if args.breakdown:
         # Before vllm_omni is imported here or in the stage launcher.
         os.environ["VLLM_OMNI_TRACE_HOPS"] = "1"
-        print(run_breakdown(quick=args.quick))
+        print(run_breakdown(quick=args.quick, in_process=in_process))
         return 0
     load = os.getloadavg()
-    rows = run(quick=args.quick, http=not args.no_http, settle=not args.no_settle)
+    rows = run(
+        quick=args.quick,
+        http=not args.no_http,
+        settle=not args.no_settle,
+        in_process=in_process,
+    )
     print(
         f"load average {load[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end"
     )
+    print(f"our vllm stage: {PLACEMENTS[args.placement]}")
     print(f"{'benchmark':<48} {'ours':>9} {'upstream':>9}  unit")
     for row in rows:
         print(

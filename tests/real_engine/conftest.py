@@ -55,12 +55,16 @@ def write_tiny_pipeline(
     model: Path,
     *,
     lora: Path | None = None,
+    in_process: bool = False,
     **engine_args: Any,
 ) -> Path:
     """``tiny-vllm.yaml`` with the model path filled in; with ``lora``, LoRA on
-    and that adapter served as ``ADAPTER``."""
+    and that adapter served as ``ADAPTER``; with ``in_process``, the ``vllm``
+    stage in the orchestrator's process."""
     data = yaml.safe_load(PIPELINE_TEMPLATE.read_text())
     stage = next(s for s in data["stages"] if s["kind"] == "vllm")
+    if in_process:
+        stage["in_process"] = True
     stage["options"]["engine_args"].update(model=str(model), **engine_args)
     if lora is not None:
         stage["options"]["engine_args"].update(
