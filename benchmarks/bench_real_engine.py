@@ -85,7 +85,7 @@ class Rounds:
 FULL = Rounds(
     warmup=3,
     ttft=100,
-    stream=20,
+    stream=40,
     rejected=100,
     throughput=6,
     http=100,
@@ -597,13 +597,18 @@ async def breakdown(
         if rid.startswith("b-itl-ou-") and len(outputs) > 1:
             engine_itl.append((outputs[-1] - outputs[0]) / 1e6 / (len(outputs) - 1))
     med = statistics.median
+    placement = (
+        "vllm stage in process"
+        if ours.engine._orchestrator._handles[route[-1][0]].inline is not None
+        else "vllm stage process"
+    )
     summary = [
         ("TTFT, upstream AsyncLLM direct", _ms(med(ttft["direct"]) * 1e3)),
         (
             "TTFT, our vllm stage's code on that engine, in process",
             _ms(med(ttft["stage in process"]) * 1e3),
         ),
-        ("TTFT, AsyncOmni (stage processes)", _ms(med(ttft["ours"]) * 1e3)),
+        (f"TTFT, AsyncOmni ({placement})", _ms(med(ttft["ours"]) * 1e3)),
         ("rejected request, upstream direct", _ms(med(rejected_direct) * 1e3)),
         ("rejected request, AsyncOmni", _ms(med(rejected_ours) * 1e3)),
         (

@@ -451,8 +451,13 @@ class Orchestrator:
                         reachable=self._on_reachable,
                     ),
                 )
-            self._tasks.append(asyncio.create_task(self._watch(), name="omni-watch"))
+            # A stage in this process may hold the loop while it starts (a
+            # vllm stage builds its AsyncLLM, as ``vllm serve`` does): the
+            # watch starts after, so that it does not count that as a pause
+            # (the stage processes start meanwhile; one that died is seen at
+            # the watch's first tick).
             await self._start_inline()
+            self._tasks.append(asyncio.create_task(self._watch(), name="omni-watch"))
             for handle in self._handles.values():
                 if handle.config.remote:
                     logger.warning(
