@@ -89,6 +89,25 @@ async def _engine_has(fake: FakeAsyncLLM, request_id: str) -> None:
     await wait_for(holds)
 
 
+async def _hanging(
+    omni: AsyncOmni, fake: FakeAsyncLLM, request_id: str
+) -> asyncio.Future[Any]:
+    """A request the engine holds (it never ends by itself), drained by a task."""
+    stream = omni.generate("x @hang", request_id=request_id, modalities=["text"])
+    task = asyncio.ensure_future(drain(stream))
+    await _engine_has(fake, request_id)
+    return task
+
+
+async def _closed_in_engine(fake: FakeAsyncLLM, request_id: str) -> None:
+    """Wait until the engine's stream of ``request_id`` was closed (an abort)."""
+
+    async def closed() -> bool:
+        return request_id in fake.closed
+
+    await wait_for(closed)
+
+
 async def test_the_stage_streams_from_the_engines_process(
     engine: tuple[AsyncOmni, FakeAsyncLLM],
 ) -> None:
@@ -122,11 +141,7 @@ async def test_a_deadline_is_a_504_and_aborts_the_request_in_the_engine(
     error = await _failure(omni, "x @hang", "ip-deadline")
     assert isinstance(error, OmniStageTimeoutError)
     assert error.details.status_code == 504 and error.details.stage_id == STAGE_ID
-
-    async def closed() -> bool:
-        return "ip-deadline" in fake.closed
-
-    await wait_for(closed)
+    await _closed_in_engine(fake, "ip-deadline")
     stats = (await omni.stage_stats())[STAGE_ID]
     assert "ip-deadline" in stats["cancelled"] and stats["active"] == []
 
@@ -135,17 +150,11 @@ async def test_a_consumer_that_goes_away_aborts_the_request_in_the_engine(
     engine: tuple[AsyncOmni, FakeAsyncLLM],
 ) -> None:
     omni, fake = engine
-    stream = omni.generate("x @hang", request_id="ip-gone", modalities=["text"])
-    task = asyncio.ensure_future(drain(stream))
-    await _engine_has(fake, "ip-gone")
+    task = await _hanging(omni, fake, "ip-gone")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-
-    async def closed() -> bool:
-        return "ip-gone" in fake.closed
-
-    await wait_for(closed)
+    await _closed_in_engine(fake, "ip-gone")
     assert "ip-gone" in (await omni.stage_stats())[STAGE_ID]["cancelled"]
 
 
@@ -153,17 +162,11 @@ async def test_abort_ends_the_stream_and_the_engines_request(
     engine: tuple[AsyncOmni, FakeAsyncLLM],
 ) -> None:
     omni, fake = engine
-    stream = omni.generate("x @hang", request_id="ip-abort", modalities=["text"])
-    task = asyncio.ensure_future(drain(stream))
-    await _engine_has(fake, "ip-abort")
+    task = await _hanging(omni, fake, "ip-abort")
     await omni.abort("ip-abort")
     final = await task
     assert final.finish_reason == "abort"
-
-    async def closed() -> bool:
-        return "ip-abort" in fake.closed
-
-    await wait_for(closed)
+    await _closed_in_engine(fake, "ip-abort")
     assert not omni.errored
 
 
