@@ -84,7 +84,6 @@ __all__ = [
     "configure_logging",
     "log_abort",
     "log_failure",
-    "loop_factory",
     "main",
     "run_stage_process",
     "stage_identity",
@@ -473,11 +472,10 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's loop when it is installed (``vllm serve`` runs on it too):
-    every message and every request's task costs a loop a turn, and uvloop's
-    turns are the cheaper ones. Otherwise asyncio's own. Stage processes and
-    ``vllm-omni serve`` run on it."""
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's loop when it is installed (vLLM's server runs on it too): every
+    message and every request's task costs the stage's loop a turn, and
+    uvloop's turns are the cheaper ones. Otherwise asyncio's own."""
     try:
         import uvloop
     except ImportError:
@@ -488,7 +486,7 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 def _serve(spec: WorkerSpec) -> int:
     worker = StageWorker(spec)
     try:
-        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
             return runner.run(worker.serve())
     finally:
         worker.close()

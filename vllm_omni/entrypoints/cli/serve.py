@@ -247,7 +247,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     install_log_redaction()
     from vllm_omni.engine.orchestrator import StageStartupError
     from vllm_omni.engine.processes import start_launcher
-    from vllm_omni.engine.stage_worker import loop_factory
     from vllm_omni.errors import VLLMValidationError
 
     # The stage worker (and with it vLLM) is imported and no thread runs yet:
@@ -255,10 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     start_launcher(fork=True)
     code = 0
     try:
-        # On uvloop, as ``vllm serve`` runs (``uvloop.run``): the server's
-        # loop serves HTTP, the stage wire and an in-process engine.
-        with asyncio.Runner(loop_factory=loop_factory()) as runner:
-            code = runner.run(_serve(args))
+        code = asyncio.run(_serve(args))
     except KeyboardInterrupt:
         code = 0
     except (VLLMValidationError, StageStartupError) as exc:
