@@ -270,9 +270,9 @@ class InlineStage:
 
     # -- liveness, metrics, shutdown -------------------------------------------
 
-    def health(self) -> Failure | None:
-        """``None`` while the stage can serve; else why not, as the record a
-        stage process's fatal failure would carry (no request id)."""
+    def health(self) -> BaseException | None:
+        """``None`` while the stage can serve; else what its ``check_health``
+        raised (its death)."""
         if self._closed:
             return None
         try:
@@ -280,7 +280,7 @@ class InlineStage:
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as exc:  # a stage that cannot serve: its death
-            return normalize(exc, stage_id=self.config.id), exc
+            return exc
         return None
 
     def stage_families(self) -> Iterable[tuple[int, list[Metric]]]:

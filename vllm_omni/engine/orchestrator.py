@@ -453,9 +453,10 @@ class Orchestrator:
                 )
             # A stage in this process may hold the loop while it starts (a
             # vllm stage builds its AsyncLLM, as ``vllm serve`` does): the
-            # watch starts after, so that it does not count that as a pause
-            # (the stage processes start meanwhile; one that died is seen at
-            # the watch's first tick).
+            # watch starts after it, so that a start that awaits before it
+            # blocks is not counted as a pause of this process (the stage
+            # processes start meanwhile; one that died is seen at the
+            # watch's first tick).
             await self._start_inline()
             self._tasks.append(asyncio.create_task(self._watch(), name="omni-watch"))
             for handle in self._handles.values():
@@ -744,10 +745,10 @@ class Orchestrator:
                 for handle in self._handles.values():
                     handle.last_seen = liveness.credited(handle.last_seen, paused, now)
             for handle in self._handles.values():
-                failure = handle.inline.health() if handle.inline is not None else None
-                if failure is not None:
+                death = handle.inline.health() if handle.inline is not None else None
+                if death is not None:
                     # In this process: its engine died (no process to exit).
-                    self._mark_dead(handle.config.id, fatal_reason(failure[1]))
+                    self._mark_dead(handle.config.id, fatal_reason(death))
                     return
                 process = handle.process
                 if process is not None and not process.is_alive():
