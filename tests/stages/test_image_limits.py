@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from tests.engine.test_stages import run
+from tests.stages.stage_run import run
 from vllm_omni.entrypoints.openai.limits import RequestLimits
 from vllm_omni.errors import VLLMUnprocessableEntityError
 from vllm_omni.stages.image import (

@@ -2,7 +2,7 @@
 
 The stage is upstream's bridge (``VLLMStage``) over a fake ``AsyncLLM``
 (``tests/engine/fake_async_llm.py``; the real engine runs in
-``tests/real_engine/test_in_process.py``). The contract holds as for a
+``tests/real_engine/test_real_in_process.py``). The contract holds as for a
 stage process: one record per failure with the stage's id, a deadline is a
 504 that aborts the request in the engine, a consumer that goes away and
 ``abort()`` close the engine's stream, an engine that dies (with or without

@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from vllm_omni.config import load_pipeline
-from vllm_omni.engine.messages import Payload, Submit
+from tests.stages.stage_run import run
 from vllm_omni.errors import (
     GuardrailViolationError,
     VLLMClientError,
@@ -18,19 +17,7 @@ from vllm_omni.errors import (
     VLLMUnprocessableEntityError,
     VLLMValidationError,
 )
-from vllm_omni.stages import build_stage
 from vllm_omni.stages.text import TextParams, reference_tokens
-
-PIPELINE = load_pipeline("reference")
-
-
-async def run(
-    kind: str, prompt: str = "a red fox", inputs: Payload | None = None, **params: Any
-) -> list[Payload]:
-    stage_config = next(s for s in PIPELINE.stages if s.kind == kind)
-    stage = build_stage(stage_config, PIPELINE)
-    request = Submit(request_id="r", prompt=prompt, params=params, inputs=inputs)
-    return [chunk async for chunk in stage.generate(request)]
 
 
 async def test_text_streams_one_chunk_per_token() -> None:
