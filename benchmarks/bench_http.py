@@ -52,7 +52,7 @@ from vllm.exceptions import VLLMNotFoundError, VLLMValidationError
 from benchmarks.paired import met, spread, target_table
 from vllm_omni.entrypoints.openai.limits import RequestLimits
 from vllm_omni.errors import OmniConflictError, OmniServiceUnavailableError
-from vllm_omni.errors.fastapi import ErrorBoundary, install_error_handling
+from vllm_omni.errors.http import ErrorBoundary, install_error_handling
 
 BLOCK = 10
 ROUNDS = 400

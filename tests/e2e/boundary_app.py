@@ -43,7 +43,7 @@ from vllm_omni.errors import (
     VLLMUnprocessableEntityError,
     VLLMValidationError,
 )
-from vllm_omni.errors.fastapi import install_error_handling
+from vllm_omni.errors.http import install_error_handling
 
 
 class StrRaises(Exception):

@@ -40,7 +40,7 @@ from fastapi.responses import JSONResponse
 import vllm_omni.errors
 from benchmarks.bench_audit import wheel_tree
 from tests.e2e.servers import serve_in_thread
-from vllm_omni.errors.fastapi import install_error_handling
+from vllm_omni.errors.http import install_error_handling
 
 PACKAGE = "vllm_omni"
 OPENAI = f"{PACKAGE}/entrypoints/openai"

@@ -37,8 +37,7 @@ from vllm_omni.entrypoints.openai.auth import (
 from vllm_omni.entrypoints.openai.limits import RequestLimits
 from vllm_omni.entrypoints.openai.openapi import prepare, served
 from vllm_omni.entrypoints.openai.unicode import require_unicode
-from vllm_omni.errors.fastapi import install_error_handling
-from vllm_omni.errors.openapi import ERROR_RESPONSES
+from vllm_omni.errors.http import ERROR_RESPONSES, install_error_handling
 from vllm_omni.upstream import launcher
 
 __all__ = ["build_app", "init_app_state", "route_modules", "run_server"]

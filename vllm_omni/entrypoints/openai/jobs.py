@@ -47,7 +47,7 @@ from typing import IO, TYPE_CHECKING, Any, Literal, TypeVar
 from vllm_omni.entrypoints.openai import job_lock
 from vllm_omni.errors import GenerationError, OmniServiceUnavailableError
 from vllm_omni.errors.details import OmniErrorDetails
-from vllm_omni.errors.fastapi import details_for_exception
+from vllm_omni.errors.http import details_for_exception
 from vllm_omni.errors.metrics import AbortContext, set_abort_context
 from vllm_omni.errors.normalizer import Mode
 from vllm_omni.errors.render import job_error

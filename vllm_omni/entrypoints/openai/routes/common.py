@@ -18,7 +18,7 @@ from vllm_omni.errors import (
     VLLMNotFoundError,
     VLLMValidationError,
 )
-from vllm_omni.errors.fastapi import request_id_of
+from vllm_omni.errors.http import request_id_of
 from vllm_omni.errors.text import make_safe
 
 if TYPE_CHECKING:

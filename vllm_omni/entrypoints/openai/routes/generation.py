@@ -28,7 +28,7 @@ from vllm_omni.entrypoints.openai.fields import check_fields, log_ignored
 from vllm_omni.entrypoints.openai.openapi import wrong_json_type
 from vllm_omni.entrypoints.openai.routes.common import request_id_of
 from vllm_omni.errors import OmniServiceUnavailableError, VLLMError, VLLMValidationError
-from vllm_omni.errors.fastapi import stream_error_details
+from vllm_omni.errors.http import stream_error_details
 from vllm_omni.errors.render import sse_error_events
 from vllm_omni.outputs import OmniRequestOutput, TextChoice
 

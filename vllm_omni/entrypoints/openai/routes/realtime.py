@@ -74,7 +74,7 @@ from vllm_omni.entrypoints.openai.routes.common import (
 )
 from vllm_omni.entrypoints.openai.unicode import non_unicode_error
 from vllm_omni.errors import VLLMValidationError, sanitize_request_id
-from vllm_omni.errors.fastapi import stream_error_details
+from vllm_omni.errors.http import stream_error_details
 from vllm_omni.errors.render import ws_close_code, ws_error_event
 from vllm_omni.errors.text import non_unicode_field
 

@@ -51,7 +51,7 @@ from vllm_omni.errors import (
     VLLMValidationError,
     to_exception,
 )
-from vllm_omni.errors.fastapi import replayed
+from vllm_omni.errors.http import replayed
 
 __all__ = ["MAX_PROMPT_CHARS", "init_state", "router", "shutdown_state"]
 
