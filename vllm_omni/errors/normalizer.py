@@ -43,11 +43,11 @@ from vllm_omni.errors.types import (
     OmniClientError,
     OmniEngineDeadError,
     OmniEngineGenerateError,
+    OmniExceptionMixin,
     OmniServerError,
     VLLMError,
     VLLMUnprocessableEntityError,
     VLLMValidationError,
-    _OmniException,
 )
 
 __all__ = [
@@ -250,13 +250,15 @@ def to_exception(details: OmniErrorDetails, *, reason: str | None = None) -> VLL
 # The module of this package's exception classes: every one of them pickles
 # with its arguments and record (tests/errors/test_python_callers.py), so a
 # failed request's rebuilt exception is not round-tripped to find out.
-_OWN_TYPES_MODULE = _OmniException.__module__
+_OWN_TYPES_MODULE = OmniExceptionMixin.__module__
 
 
 def _survives_pickle(exc: BaseException) -> bool:
     if type(exc).__module__ == _OWN_TYPES_MODULE:
         return True
-    if isinstance(exc, UNPICKLABLE_UPSTREAM) and not isinstance(exc, _OmniException):
+    if isinstance(exc, UNPICKLABLE_UPSTREAM) and not isinstance(
+        exc, OmniExceptionMixin
+    ):
         return False
     try:
         copy = pickle.loads(pickle.dumps(exc))

@@ -132,7 +132,7 @@ def _restore(
     return exc
 
 
-class _OmniException:
+class OmniExceptionMixin:
     """Mixin for every Omni type: pickles whole, shows its status in ``repr``.
 
     ``details`` is the record the server would render for this exception;
@@ -175,7 +175,7 @@ class _OmniException:
         )
 
 
-class _StatusOnClass(_OmniException):
+class _StatusOnClass(OmniExceptionMixin):
     """Mixin: an Omni type whose status and public type are fixed class data."""
 
     status_code: ClassVar[int]
@@ -305,7 +305,7 @@ class OmniEngineDeadError(_StatusOnClass, EngineDeadError):
 # -- compatibility and remote wrappers ---------------------------------------
 
 
-class _ExplicitStatus(_OmniException):
+class _ExplicitStatus(OmniExceptionMixin):
     """Mixin: an error whose status and public type are given per instance."""
 
     _statuses: ClassVar[range]
