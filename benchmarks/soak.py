@@ -8,7 +8,7 @@ every route, client errors, stage faults (500), stage timeouts (504), SSE
 streams that fail mid-stream or are cut by the client, realtime WebSocket
 sessions (malformed events, a stage fault, a client that hangs up mid-response)
 and async video jobs. It stops by itself (a hard timeout) and then
-reconciles what the clients saw with what the server says (DESIGN §4, §7):
+reconciles what the clients saw with what the server says (docs/design.md §4, §7):
 
 - every request has exactly one terminal outcome, the planned one;
 - every error the clients saw is the canonical envelope, ``code`` == status;
@@ -26,7 +26,7 @@ reconciles what the clients saw with what the server says (DESIGN §4, §7):
   missed stage deadline, no other warning or error;
 - after SIGTERM the server shuts its stages down and exits 0.
 
-Three phases target the edges (DESIGN §9):
+Three phases target the edges (docs/design.md §9):
 
 - **disconnect**: in the mix, clients that hang up on every transport,
   before and after the first byte: before the response started (plain chat,

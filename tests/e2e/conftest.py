@@ -3,7 +3,7 @@ response they send.
 
 Every HTTP response an e2e test receives — through httpx, the OpenAI SDK's
 client or schemathesis' ``requests`` — must carry exactly one
-``X-Request-Id`` (DESIGN §10): successes, errors, SSE, 405, unknown routes,
+``X-Request-Id`` (docs/design.md §10): successes, errors, SSE, 405, unknown routes,
 ``/health`` and ``/metrics`` alike. The clients are wrapped for the session;
 a test that received a response without exactly one fails after its body ran.
 Nothing is raised inside a client: the SDK would turn that into retries.

@@ -1,4 +1,4 @@
-"""The headers clients act on (DESIGN §10), end to end on ``vllm-omni serve``.
+"""The headers clients act on (docs/design.md §10), end to end on ``vllm-omni serve``.
 
 - **Retry guidance**: the official OpenAI SDK, with its default retries
   (``max_retries=2``: up to 3 attempts), is pointed at one real route per

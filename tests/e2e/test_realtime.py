@@ -1,7 +1,7 @@
 """``WS /v1/realtime`` end to end: the shared ``vllm-omni serve`` (API key,
 fault markers, guardrail), a real ``websockets`` client, real metrics.
 
-What is pinned (DESIGN §4, WebSocket): a denied handshake carries the
+What is pinned (docs/design.md §4, WebSocket): a denied handshake carries the
 canonical status and body (401 wrong key, 503 no text stage) and the retry
 guidance headers; a text and a text+audio response stream; a malformed event
 gets one error event with its ``event_id`` and the session goes on; a failed

@@ -1,4 +1,4 @@
-"""A 200 means the request was honoured (DESIGN §10), field by field.
+"""A 200 means the request was honoured (docs/design.md §10), field by field.
 
 Every field of each route's request model is sent alone (with what it needs
 to mean something) to the reference pipeline: it is honoured, and its effect

@@ -3,7 +3,7 @@
 One server per module, on the reference stages with two video fault markers
 (``@boom`` raises in the video stage, ``@hang`` sleeps past any test), behind
 an API key, with its own job store; the last test restarts it on the same
-store. What is pinned (DESIGN §4, async jobs): a job's GIF; a failed job's
+store. What is pinned (docs/design.md §4, async jobs): a job's GIF; a failed job's
 stored canonical error with its ``retryable``, returned unchanged by
 ``retrieve`` and answered with its own status and body by
 ``download_content`` (server and client errors alike), whose retry guidance

@@ -1,4 +1,4 @@
-"""``OmniErrorDetails`` (DESIGN §3): invariants at construction, the wire form,
+"""``OmniErrorDetails`` (docs/design.md §3): invariants at construction, the wire form,
 the tolerant reader, and the promise that the record is cheap to import."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``normalize`` / ``to_exception`` (DESIGN §2, §3): the status table as a
+"""``normalize`` / ``to_exception`` (docs/design.md §2, §3): the status table as a
 literal expectation, checked against upstream's ``create_error_response``, and
 the invariants of every record ``normalize`` returns for any exception."""
 
@@ -347,9 +347,10 @@ def test_ids_are_attached(case: Case) -> None:
     assert record == _expected(case, request_id="chatcmpl-42", stage_id=stage)
 
 
-# Where DESIGN deliberately differs from upstream's message (status, type and
-# param always agree): validation errors never show the rejected value, and a
-# VLLMError that is neither client nor server shows the generic message.
+# Where the design (docs/design.md §2) deliberately differs from upstream's
+# message (status, type and param always agree): validation errors never show
+# the rejected value, and a VLLMError that is neither client nor server shows
+# the generic message.
 _OWN_MESSAGE_POLICY = {"validation", "unprocessable", "bare-vllm"}
 
 

@@ -1,4 +1,4 @@
-"""Retry guidance in the renderers (DESIGN §10): one decision per record,
+"""Retry guidance in the renderers (docs/design.md §10): one decision per record,
 ``x-should-retry`` (with ``Retry-After`` when ``true``) on HTTP responses and
 denied WebSocket handshakes, ``retryable`` in the error objects of
 transports without headers (SSE after 200, WebSocket events, stored jobs).

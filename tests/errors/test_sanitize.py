@@ -1,4 +1,4 @@
-"""The sanitizer (DESIGN §5): one table per rule class, ordinary text left
+"""The sanitizer (docs/design.md §5): one table per rule class, ordinary text left
 alone, a hard length cap, and idempotency as a property."""
 
 from __future__ import annotations

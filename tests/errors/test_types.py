@@ -1,4 +1,4 @@
-"""The exception types (DESIGN §2): re-exports by identity, the Omni tree,
+"""The exception types (docs/design.md §2): re-exports by identity, the Omni tree,
 the ``OmniClientError`` compatibility promise and the deprecated helpers."""
 
 from __future__ import annotations

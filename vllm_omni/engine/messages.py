@@ -1,7 +1,7 @@
 """Stage wire messages: msgspec Structs tagged by a literal ``type`` field.
 
 Owns the shape of everything that crosses the orchestrator ↔ stage socket
-(DESIGN §6): submissions, outputs, aborts, errors, readiness, heartbeats and
+(docs/design.md §6): submissions, outputs, aborts, errors, readiness, heartbeats and
 utility calls, plus ``encode``/``decode``. Readers are tolerant: unknown
 fields are ignored (``forbid_unknown_fields`` stays off), and a message of an
 unknown ``type`` or with malformed fields decodes to ``None`` (or, for an

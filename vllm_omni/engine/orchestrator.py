@@ -1,6 +1,6 @@
 """The orchestrator: moves each request through its stages and owns their fate.
 
-Owns the orchestrator side of the stage wire (DESIGN §6): it starts the
+Owns the orchestrator side of the stage wire (docs/design.md §6): it starts the
 stage processes (forks of one launcher process, see ``processes.py``),
 binds one ZMQ ROUTER socket (``ipc://`` under a private temp dir by default,
 ``tcp://`` for stages on other hosts), routes each request along the chain

@@ -171,7 +171,7 @@ def _actor_options(stage: StageConfig, name: str, namespace: str) -> dict[str, A
         "namespace": namespace,
         "num_cpus": stage.ray.num_cpus,
         "num_gpus": stage.ray.num_gpus,
-        # A dead stage is the engine's death (DESIGN §6): never restart it
+        # A dead stage is the engine's death (docs/design.md §6): never restart it
         # behind the orchestrator's back.
         "max_restarts": 0,
         "max_task_retries": 0,

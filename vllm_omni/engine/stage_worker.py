@@ -1,6 +1,6 @@
 """A stage process: one stage, one asyncio loop, one ZMQ DEALER socket.
 
-Owns the stage side of the wire (DESIGN §6). Each ``Submit`` runs as its own
+Owns the stage side of the wire (docs/design.md §6). Each ``Submit`` runs as its own
 task over the stage's async generator, so an ``Abort`` (cancel, deadline)
 preempts exactly that request and a hanging request never blocks the next
 one. What a stage raises is normalized *here*, with

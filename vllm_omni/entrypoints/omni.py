@@ -2,7 +2,7 @@
 
 Owns a private event loop running in a daemon thread, on which one
 ``AsyncOmni`` lives; every call is submitted to that loop and waited for.
-Errors arrive as exceptions (DESIGN §4, offline Python), like responses
+Errors arrive as exceptions (docs/design.md §4, offline Python), like responses
 arrive over HTTP: the most specific semantic exception, whether it was raised
 in this process (``VLLMValidationError`` for bad prompts or modalities,
 ``OmniServiceUnavailableError`` after ``close``, ...) or in a stage (rebuilt

@@ -1,6 +1,6 @@
 """vLLM-Omni error handling: one owner, one record, one renderer per transport.
 
-Public surface (DESIGN §2–§5): upstream vLLM's semantic exceptions re-exported
+Public surface (docs/design.md §2–§5): upstream vLLM's semantic exceptions re-exported
 by identity, the Omni subtypes, ``OmniErrorDetails``, ``normalize`` /
 ``to_exception``, the sanitizer and the status table. Attributes load lazily,
 as vLLM's own ``__init__`` does, so ``vllm_omni.errors.audit`` and

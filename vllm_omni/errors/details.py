@@ -1,4 +1,4 @@
-"""``OmniErrorDetails``: the one serializable error record (DESIGN §3).
+"""``OmniErrorDetails``: the one serializable error record (docs/design.md §3).
 
 Owns the record, its invariants and its wire form. A record is what crosses
 stage and process boundaries and what every renderer reads; it holds only

@@ -1,4 +1,4 @@
-"""Credentials never reach a log line (DESIGN §10, CWE-532).
+"""Credentials never reach a log line (docs/design.md §10, CWE-532).
 
 Operators ship logs to aggregators that many people read. Tracebacks, paths
 and request ids are what logs are for and stay; credentials go, by the same

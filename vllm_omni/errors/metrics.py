@@ -1,4 +1,4 @@
-"""Error and outcome metrics (DESIGN §7, §9), on the default registry the
+"""Error and outcome metrics (docs/design.md §7, §9), on the default registry the
 instrumentator uses.
 
 Owns the counters an on-call alerts on: rendered errors, legacy fallbacks,

@@ -209,7 +209,7 @@ def is_legacy_fallback(exc: BaseException) -> bool:
 
 
 def to_exception(details: OmniErrorDetails, *, reason: str | None = None) -> VLLMError:
-    """Rebuild the most specific known exception from a record (DESIGN §3).
+    """Rebuild the most specific known exception from a record (docs/design.md §3).
 
     Ownership comes from ``category``, never from a status range. A record
     whose (category, status, type) names a semantic class is rebuilt as its

@@ -2,11 +2,11 @@
 
 This is the only module that builds the OpenAI-style envelope
 ``{"error": {"message", "type", "param", "code", "request_id"?, "stage_id"?}}``
-(DESIGN §4). Each transport has one function here, and each counts the error
+(docs/design.md §4). Each transport has one function here, and each counts the error
 it renders in ``vllm_omni:errors_total``. Renderers read only the record: they
 never see the exception, so nothing the normalizer dropped can come back.
 
-It also owns the retry guidance (DESIGN §10): ``should_retry`` decides from
+It also owns the retry guidance (docs/design.md §10): ``should_retry`` decides from
 the record alone (owner, status, fatality) whether repeating the request can
 help. HTTP responses carry the decision as ``x-should-retry`` (the header the
 OpenAI and Anthropic SDKs obey before their own status rules) with

@@ -1,4 +1,4 @@
-"""Public-text sanitization (DESIGN §5): what may leave the server in an error.
+"""Public-text sanitization (docs/design.md §5): what may leave the server in an error.
 
 Owns the rules that find what must not leave the server, and two uses of
 them. ``sanitize_message`` turns arbitrary exception text into text safe to
@@ -10,7 +10,7 @@ nothing else should need to. It must never raise and must be idempotent
 (``sanitize(sanitize(x)) == sanitize(x)``), because records are re-checked
 when they are read back from the wire. ``redact_credentials`` runs the
 credential rules alone, for log lines, which keep their paths and tracebacks
-(DESIGN §10).
+(docs/design.md §10).
 
 Credential shapes come from a maintained rule set, detect-secrets (PyPI,
 pinned): its regex plugins and its list of secret names join our own rules

@@ -1,6 +1,6 @@
 """The status table: exception type → owner, status, public type, param, text.
 
-This is the single source of the mapping in DESIGN §2. The normalizer reads
+This is the single source of the mapping in docs/design.md §2. The normalizer reads
 it, ``docs/errors/status-mapping.md`` is checked against it by a test, and
 the endpoint tests iterate over it. Rows are data, not branches: to change a
 status, change a row. Lookup walks the exception's MRO, so the most specific
