@@ -188,7 +188,7 @@ def _row(name: str, ours: float, baseline: float, files: int) -> dict[str, objec
 def _audit_command() -> list[str]:
     # This interpreter and its sys.path (a worktree on PYTHONPATH included),
     # not whichever checkout a ``vllm-omni`` console script was installed from.
-    return [sys.executable, "-m", "vllm_omni.errors.audit"]
+    return [sys.executable, "-m", "vllm_omni_errors_audit"]
 
 
 def _fix_seconds(root: Path, scratch: Path) -> tuple[float, float]:

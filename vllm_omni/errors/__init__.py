@@ -3,8 +3,8 @@
 Public surface (docs/design.md §2–§5): upstream vLLM's semantic exceptions re-exported
 by identity, the Omni subtypes, ``OmniErrorDetails``, ``normalize`` /
 ``to_exception``, the sanitizer and the status table. Attributes load lazily,
-as vLLM's own ``__init__`` does, so ``vllm_omni.errors.audit`` and
-``vllm_omni.errors.details`` can be used without importing vLLM or torch.
+as vLLM's own ``__init__`` does, so ``vllm_omni.errors.details`` can be
+used without importing vLLM or torch.
 """
 
 from __future__ import annotations

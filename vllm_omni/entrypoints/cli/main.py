@@ -14,7 +14,7 @@ from collections.abc import Sequence
 # an exit code.
 _COMMANDS: dict[tuple[str, ...], str] = {
     ("serve",): "vllm_omni.entrypoints.cli.serve:main",
-    ("errors", "audit"): "vllm_omni.errors.audit.cli:main",
+    ("errors", "audit"): "vllm_omni_errors_audit.cli:main",
 }
 
 _USAGE = """usage: vllm-omni <command> [options]

@@ -1,1 +1,0 @@
-"""Tests of ``vllm-omni errors audit`` (DESIGN §8)."""
