@@ -24,10 +24,12 @@ from PIL import Image
 
 from tests.e2e.omni_server import OmniServer
 from vllm_omni.entrypoints.openai import fields
-from vllm_omni.entrypoints.openai.routes.audio import SpeechRequest
-from vllm_omni.entrypoints.openai.routes.chat import ChatCompletionRequest
-from vllm_omni.entrypoints.openai.routes.completions import CompletionRequest
-from vllm_omni.entrypoints.openai.routes.images import ImageGenerationRequest
+from vllm_omni.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ImageGenerationRequest,
+    SpeechRequest,
+)
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

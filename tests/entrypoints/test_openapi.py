@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 from vllm_omni.config import StageConfig
 from vllm_omni.entrypoints.openai import fields
 from vllm_omni.entrypoints.openai.openapi import (
-    NOT_BLANK,
     decimal_pattern,
     served,
     size_pattern,
 )
+from vllm_omni.entrypoints.openai.schema_errors import NOT_BLANK
 from vllm_omni.errors import VLLMValidationError
 from vllm_omni.stages import image, text, video
 from vllm_omni.stages.base import parse_size

@@ -15,9 +15,9 @@ outside the API (vendor extras) are accepted and listed once in a log line,
 as vLLM's ``OpenAIBaseModel`` does (``log_ignored``).
 
 ``markdown`` renders the table for ``docs/serving.md``; a test keeps the two
-equal. This module must not import vLLM: the request models live in the
-route modules, which hand their instances (or, for form and event routes,
-plain mappings) to ``check_fields``.
+equal. This module must not import vLLM: the request models live in
+``protocol.py``; the routes hand their instances (or, for form and event
+routes, plain mappings) to ``check_fields``.
 """
 
 from __future__ import annotations

@@ -8,14 +8,14 @@ what needs no stage and returns the audio with a 200.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
 from vllm_omni.entrypoints.openai.fields import check_fields, log_ignored
 from vllm_omni.entrypoints.openai.openapi import check_body
+from vllm_omni.entrypoints.openai.protocol import SpeechRequest
 from vllm_omni.entrypoints.openai.routes.common import (
     check_model,
     engine_of,
@@ -27,21 +27,6 @@ from vllm_omni.errors import GenerationError
 __all__ = ["router"]
 
 router = APIRouter()
-
-
-class SpeechRequest(BaseModel):
-    """OpenAI's speech request; every field is honoured or refused
-    (``fields.py``), other fields are vendor extras (accepted, logged)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    model: str | None = None
-    input: str = Field(min_length=1, max_length=4096)
-    voice: str = "alloy"
-    response_format: Literal["wav"] = "wav"
-    speed: float | None = None
-    instructions: str | None = None
-    stream_format: Literal["sse", "audio"] = "audio"
 
 
 @router.post(

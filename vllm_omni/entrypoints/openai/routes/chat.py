@@ -22,17 +22,18 @@ import base64
 import contextlib
 import time
 from collections.abc import Iterable
-from typing import Any, ClassVar, Literal
+from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel
 from starlette.responses import StreamingResponse
-from vllm.entrypoints.openai.chat_completion.protocol import (
-    ChatCompletionRequest as UpstreamChatCompletionRequest,
-)
 
 from vllm_omni.config import StageConfig
 from vllm_omni.entrypoints.openai.openapi import check_body
+from vllm_omni.entrypoints.openai.protocol import (
+    ROLES,
+    ChatCompletionRequest,
+    UpstreamChatCompletionRequest,
+)
 from vllm_omni.entrypoints.openai.routes.common import (
     check_model,
     check_prompt,
@@ -40,7 +41,6 @@ from vllm_omni.entrypoints.openai.routes.common import (
     request_id_of,
 )
 from vllm_omni.entrypoints.openai.routes.generation import (
-    JsonTypesFirst,
     check_request,
     sse,
     stream_chunks,
@@ -51,31 +51,9 @@ from vllm_omni.entrypoints.openai.routes.generation import (
 from vllm_omni.errors import VLLMValidationError
 from vllm_omni.outputs import OmniRequestOutput, TextChoice
 
-__all__ = ["ROLES", "ChatCompletionRequest", "router"]
+__all__ = ["router"]
 
 router = APIRouter()
-
-# Roles of the OpenAI chat API. Upstream also accepts any other string (a
-# custom role its templates may know); a stricter refusal here, documented
-# in docs/errors/status-mapping.md.
-ROLES = ("system", "developer", "user", "assistant", "tool", "function")
-
-
-class AudioOptions(BaseModel):
-    voice: str = "alloy"
-    format: Literal["wav"] = "wav"
-
-
-class ChatCompletionRequest(JsonTypesFirst, UpstreamChatCompletionRequest):
-    """Upstream's chat request, plus the fields vLLM-Omni adds."""
-
-    # Upstream caches its field names per class (extras logging): ours.
-    field_names: ClassVar[set[str] | None] = None
-
-    modalities: list[Literal["text", "audio"]] | None = None
-    audio: AudioOptions | None = None
-    # A LoRA adapter by name (``extra_body={"lora": ...}``); the stage decides.
-    lora: str | None = None
 
 
 def _prompt(messages: list[Any], stage: StageConfig | None) -> str:

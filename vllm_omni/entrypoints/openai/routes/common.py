@@ -7,9 +7,8 @@ failure *after* headers into its terminal stream event, and the request id.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING
 
-from pydantic import Field
 from starlette.requests import HTTPConnection
 
 from vllm_omni.entrypoints.openai.limits import RequestLimits
@@ -25,10 +24,6 @@ if TYPE_CHECKING:
     from vllm_omni.entrypoints.async_omni import AsyncOmni
 
 __all__ = [
-    "INT64_MAX",
-    "INT64_MIN",
-    "Int64",
-    "PositiveInt64",
     "check_model",
     "check_prompt",
     "engine_of",
@@ -37,14 +32,6 @@ __all__ = [
     "require_modality",
     "unknown_model",
 ]
-
-
-# Integers a request may carry: what the stage wire and upstream's sampling
-# parameters hold. A larger one is a 400 naming its field, in the words of a
-# field rule, before it reaches the engine.
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
-PositiveInt64 = Annotated[int, Field(ge=1, le=INT64_MAX)]
 
 
 def engine_of(conn: HTTPConnection) -> AsyncOmni:

@@ -15,16 +15,17 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import Any
 
 from fastapi import APIRouter, Request
 from starlette.responses import StreamingResponse
-from vllm.entrypoints.openai.completion.protocol import (
-    CompletionRequest as UpstreamCompletionRequest,
-)
 
 from vllm_omni.config import StageConfig
 from vllm_omni.entrypoints.openai.openapi import check_body
+from vllm_omni.entrypoints.openai.protocol import (
+    CompletionRequest,
+    UpstreamCompletionRequest,
+)
 from vllm_omni.entrypoints.openai.routes.common import (
     check_model,
     check_prompt,
@@ -32,7 +33,6 @@ from vllm_omni.entrypoints.openai.routes.common import (
     request_id_of,
 )
 from vllm_omni.entrypoints.openai.routes.generation import (
-    JsonTypesFirst,
     check_request,
     sse,
     stream_chunks,
@@ -43,19 +43,9 @@ from vllm_omni.entrypoints.openai.routes.generation import (
 from vllm_omni.errors import VLLMValidationError
 from vllm_omni.outputs import OmniRequestOutput, TextChoice
 
-__all__ = ["CompletionRequest", "router"]
+__all__ = ["router"]
 
 router = APIRouter()
-
-
-class CompletionRequest(JsonTypesFirst, UpstreamCompletionRequest):
-    """Upstream's completion request, plus the fields vLLM-Omni adds."""
-
-    # Upstream caches its field names per class (extras logging): ours.
-    field_names: ClassVar[set[str] | None] = None
-
-    # A LoRA adapter by name (``extra_body={"lora": ...}``); the stage decides.
-    lora: str | None = None
 
 
 def _params(

@@ -15,19 +15,13 @@ import json
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from pydantic import (
-    BaseModel,
-    ModelWrapValidatorHandler,
-    ValidationError,
-    model_validator,
-)
+from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from vllm_omni.entrypoints.openai.fields import check_fields, log_ignored
-from vllm_omni.entrypoints.openai.openapi import wrong_json_type
 from vllm_omni.entrypoints.openai.routes.common import request_id_of
-from vllm_omni.errors import OmniServiceUnavailableError, VLLMError, VLLMValidationError
+from vllm_omni.errors import OmniServiceUnavailableError
 from vllm_omni.errors.http import stream_error_details
 from vllm_omni.errors.render import sse_error_events
 from vllm_omni.outputs import OmniRequestOutput, TextChoice
@@ -37,7 +31,6 @@ if TYPE_CHECKING:
     from vllm_omni.entrypoints.async_omni import AsyncOmni
 
 __all__ = [
-    "JsonTypesFirst",
     "check_request",
     "sse",
     "stream_chunks",
@@ -45,54 +38,6 @@ __all__ = [
     "upstream_json",
     "usage",
 ]
-
-
-class JsonTypesFirst(BaseModel):
-    """Put first in the bases of a subclass of upstream's request model.
-
-    Upstream's ``mode="before"`` validators read the client's raw JSON
-    before pydantic checks its types, and some raise ``TypeError`` or
-    ``AttributeError`` on a form they do not expect (``"messages": 5``,
-    ``"structured_outputs": true``; a system message's content part whose
-    ``type`` is a list breaks a log call): an unknown exception, a 500.
-    They read nothing but the client's JSON, so it is a client mistake, a
-    400 naming the field: the one the model's own JSON schema does not
-    admit, else the top-level field without which the validators pass.
-    """
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _json_types_first(
-        cls, data: Any, handler: ModelWrapValidatorHandler[BaseModel]
-    ) -> BaseModel:
-        try:
-            return handler(data)
-        except (TypeError, AttributeError):
-            error = wrong_json_type(cls, data) or _unreadable_field(data, handler)
-            if error is None:
-                raise
-            raise error from None
-
-
-def _unreadable_field(
-    data: Any, handler: ModelWrapValidatorHandler[BaseModel]
-) -> VLLMValidationError | None:
-    """The 400 on the first top-level field of ``data`` without which
-    upstream's validators no longer raise ``TypeError``/``AttributeError``."""
-    if not isinstance(data, dict):
-        return None
-    for name in data:
-        try:
-            handler({key: value for key, value in data.items() if key != name})
-        except (TypeError, AttributeError):
-            continue
-        except (ValidationError, VLLMError):
-            # Another mistake (a field now missing): this one is gone.
-            pass
-        return VLLMValidationError(
-            f"{name} has a form this server cannot read", parameter=str(name)
-        )
-    return None
 
 
 def text_stage(engine: AsyncOmni) -> StageConfig:

@@ -17,16 +17,19 @@ import time
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Form, Request, UploadFile
-from pydantic import BaseModel, ConfigDict, Field
 
 from vllm_omni.config import StageConfig
 from vllm_omni.entrypoints.async_omni import AsyncOmni
 from vllm_omni.entrypoints.openai.fields import check_fields, log_ignored
 from vllm_omni.entrypoints.openai.openapi import check_body
-from vllm_omni.entrypoints.openai.routes.common import (
+from vllm_omni.entrypoints.openai.protocol import (
     INT64_MAX,
-    Int64,
-    PositiveInt64,
+    Background,
+    ImageGenerationRequest,
+    OutputFormat,
+    Quality,
+)
+from vllm_omni.entrypoints.openai.routes.common import (
     check_model,
     check_prompt,
     engine_of,
@@ -40,35 +43,6 @@ from vllm_omni.stages.image import probe_image
 __all__ = ["router"]
 
 router = APIRouter()
-
-# The OpenAI API's domains: a value outside one is a 400 naming the field.
-Quality = Literal["standard", "hd", "low", "medium", "high", "auto"]
-Background = Literal["transparent", "opaque", "auto"]
-OutputFormat = Literal["png", "jpeg", "webp"]
-
-
-class ImageGenerationRequest(BaseModel):
-    """OpenAI's image generation request; every field is honoured or refused
-    (``fields.py``), values outside the API's domain are a 400 naming the
-    field, other fields are vendor extras (accepted, logged)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    prompt: str
-    model: str | None = None
-    n: PositiveInt64 = 1
-    size: str = "256x256"
-    seed: Int64 | None = None
-    response_format: Literal["b64_json"] = "b64_json"
-    user: str | None = None
-    quality: Quality = "auto"
-    style: Literal["vivid", "natural"] | None = None
-    background: Background = "auto"
-    moderation: Literal["low", "auto"] = "auto"
-    output_format: OutputFormat = "png"
-    output_compression: int | None = Field(default=None, ge=0, le=100)
-    stream: bool = False
-    partial_images: int | None = Field(default=None, ge=0, le=3)
 
 
 async def _images(

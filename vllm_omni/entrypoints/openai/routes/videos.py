@@ -37,7 +37,17 @@ from starlette.requests import HTTPConnection
 from starlette.responses import Response
 
 from vllm_omni.entrypoints.openai.jobs import Job, VideoJobs
-from vllm_omni.entrypoints.openai.openapi import FORM_TYPES, check_body
+from vllm_omni.entrypoints.openai.openapi import check_body
+from vllm_omni.entrypoints.openai.protocol import (
+    FORM_TYPES,
+    VIDEO_CREATE_BODY,
+    VIDEO_DEFAULT_PAGE,
+    VIDEO_MAX_PAGE,
+    VIDEO_MAX_PROMPT_CHARS,
+    VIDEO_PAGE_PARAMETERS,
+    VIDEO_VARIANT_PARAMETER,
+    VIDEO_VARIANTS,
+)
 from vllm_omni.entrypoints.openai.routes.common import (
     check_model,
     engine_of,
@@ -53,72 +63,13 @@ from vllm_omni.errors import (
 )
 from vllm_omni.errors.http import replayed
 
-__all__ = ["MAX_PROMPT_CHARS", "init_state", "router", "shutdown_state"]
+__all__ = ["init_state", "router", "shutdown_state"]
 
 router = APIRouter()
 
-MAX_PROMPT_CHARS = 32_000
 _SECONDS_RE = re.compile(r"[0-9]{1,4}(?:\.[0-9]{1,3})?")
 _SIZE_RE = re.compile(r"[0-9]{1,5}x[0-9]{1,5}")
 _LIMIT_RE = re.compile(r"[0-9]{1,4}")
-_FIELDS = ("prompt", "model", "seconds", "size")
-_VARIANTS = ("video", "thumbnail", "spritesheet")
-_DEFAULT_PAGE = 20
-_MAX_PAGE = 100
-
-# What the routes read, for ``/openapi.json`` (``openapi.py`` narrows the
-# create fields to the pipeline). A form carries strings only; JSON may
-# also give ``seconds`` as a number, and null for an optional field.
-_FORM_FIELDS: dict[str, Any] = {name: {"type": "string"} for name in _FIELDS}
-_JSON_FIELDS: dict[str, Any] = {
-    "prompt": {"type": "string"},
-    "model": {"type": ["string", "null"]},
-    "seconds": {"type": ["number", "string", "null"]},
-    "size": {"type": ["string", "null"]},
-}
-_CREATE_BODY = {
-    "required": True,
-    "content": {
-        media_type: {
-            "schema": {
-                "type": "object",
-                "required": ["prompt"],
-                "properties": dict(
-                    _JSON_FIELDS if media_type == "application/json" else _FORM_FIELDS
-                ),
-            }
-        }
-        for media_type in ("application/json", *FORM_TYPES)
-    },
-}
-_PAGE_PARAMETERS = [
-    {
-        "name": "limit",
-        "in": "query",
-        "schema": {
-            "type": "integer",
-            "minimum": 1,
-            "maximum": _MAX_PAGE,
-            "default": _DEFAULT_PAGE,
-        },
-    },
-    {
-        "name": "order",
-        "in": "query",
-        "schema": {"enum": ["asc", "desc"], "default": "desc"},
-    },
-    {
-        "name": "after",
-        "in": "query",
-        "description": "The id of a listed video job (404 otherwise).",
-        "schema": {"type": "string"},
-    },
-]
-_VARIANT_PARAMETER = {
-    "name": "variant",
-    "in": "query",
-    "schema": {"enum": list(_VARIANTS), "default": "video"},
-}
 
 
 async def init_state(app: FastAPI, args: argparse.Namespace) -> None:
@@ -225,9 +176,9 @@ def _prompt(fields: dict[str, Any]) -> str:
         raise VLLMValidationError(
             "prompt is required and must be a non-empty string", parameter="prompt"
         )
-    if len(prompt) > MAX_PROMPT_CHARS:
+    if len(prompt) > VIDEO_MAX_PROMPT_CHARS:
         raise VLLMValidationError(
-            f"prompt must be at most {MAX_PROMPT_CHARS} characters",
+            f"prompt must be at most {VIDEO_MAX_PROMPT_CHARS} characters",
             parameter="prompt",
         )
     return prompt
@@ -236,12 +187,12 @@ def _prompt(fields: dict[str, Any]) -> str:
 def _page_args(request: Request) -> tuple[int, str | None, bool]:
     query = request.query_params
     raw_limit = query.get("limit")
-    limit = _DEFAULT_PAGE
+    limit = VIDEO_DEFAULT_PAGE
     if raw_limit is not None:
         limit = int(raw_limit) if _LIMIT_RE.fullmatch(raw_limit) else 0
-        if not 1 <= limit <= _MAX_PAGE:
+        if not 1 <= limit <= VIDEO_MAX_PAGE:
             raise VLLMValidationError(
-                f"limit must be an integer between 1 and {_MAX_PAGE}",
+                f"limit must be an integer between 1 and {VIDEO_MAX_PAGE}",
                 parameter="limit",
             )
     order = query.get("order", "desc")
@@ -253,7 +204,7 @@ def _page_args(request: Request) -> tuple[int, str | None, bool]:
 # -- routes ----------------------------------------------------------------------
 
 
-@router.post("/v1/videos", openapi_extra={"requestBody": _CREATE_BODY})
+@router.post("/v1/videos", openapi_extra={"requestBody": VIDEO_CREATE_BODY})
 async def create_video(request: Request) -> dict[str, Any]:
     engine = engine_of(request)
     await engine.check_health()
@@ -279,7 +230,7 @@ async def create_video(request: Request) -> dict[str, Any]:
     return job.to_api()
 
 
-@router.get("/v1/videos", openapi_extra={"parameters": _PAGE_PARAMETERS})
+@router.get("/v1/videos", openapi_extra={"parameters": VIDEO_PAGE_PARAMETERS})
 async def list_videos(request: Request) -> dict[str, Any]:
     limit, after, newest_first = _page_args(request)
     page = await _jobs_of(request).list(
@@ -323,13 +274,14 @@ async def delete_video(video_id: str, request: Request) -> dict[str, Any]:
 
 
 @router.get(
-    "/v1/videos/{video_id}/content", openapi_extra={"parameters": [_VARIANT_PARAMETER]}
+    "/v1/videos/{video_id}/content",
+    openapi_extra={"parameters": [VIDEO_VARIANT_PARAMETER]},
 )
 async def download_video(video_id: str, request: Request) -> Response:
     variant = request.query_params.get("variant", "video")
-    if variant not in _VARIANTS:
+    if variant not in VIDEO_VARIANTS:
         raise VLLMValidationError(
-            f"variant must be one of {', '.join(_VARIANTS)}", parameter="variant"
+            f"variant must be one of {', '.join(VIDEO_VARIANTS)}", parameter="variant"
         )
     job = await _job(request, video_id)
     if job.status == "failed":

@@ -1,0 +1,269 @@
+"""The request models of the OpenAI routes, and their constants.
+
+One section per endpoint: chat and completions (upstream vLLM's own request
+models, with vLLM-Omni's fields added), speech, images, and videos (a JSON or
+form body described as schema for ``/openapi.json``, and its query
+parameters). ``fields.py`` says which fields are honoured, ``openapi.py``
+narrows the schemas to the pipeline, the routes and serving modules read
+them. This module imports no router, serving or ``openapi`` module.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    ValidationError,
+    model_validator,
+)
+from vllm.entrypoints.openai.chat_completion.protocol import (
+    ChatCompletionRequest as UpstreamChatCompletionRequest,
+)
+from vllm.entrypoints.openai.completion.protocol import (
+    CompletionRequest as UpstreamCompletionRequest,
+)
+
+from vllm_omni.entrypoints.openai.schema_errors import wrong_json_type
+from vllm_omni.errors import VLLMError, VLLMValidationError
+
+__all__ = [
+    "FORM_TYPES",
+    "INT64_MAX",
+    "INT64_MIN",
+    "ROLES",
+    "VIDEO_CREATE_BODY",
+    "VIDEO_DEFAULT_PAGE",
+    "VIDEO_MAX_PAGE",
+    "VIDEO_MAX_PROMPT_CHARS",
+    "VIDEO_PAGE_PARAMETERS",
+    "VIDEO_VARIANTS",
+    "VIDEO_VARIANT_PARAMETER",
+    "AudioOptions",
+    "Background",
+    "ChatCompletionRequest",
+    "CompletionRequest",
+    "ImageGenerationRequest",
+    "Int64",
+    "JsonTypesFirst",
+    "OutputFormat",
+    "PositiveInt64",
+    "Quality",
+    "SpeechRequest",
+    "UpstreamChatCompletionRequest",
+    "UpstreamCompletionRequest",
+]
+
+# -- shared ------------------------------------------------------------------------
+
+# The form media types a route may read (videos).
+FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
+
+# Integers a request may carry: what the stage wire and upstream's sampling
+# parameters hold. A larger one is a 400 naming its field, in the words of a
+# field rule, before it reaches the engine.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+PositiveInt64 = Annotated[int, Field(ge=1, le=INT64_MAX)]
+
+
+class JsonTypesFirst(BaseModel):
+    """Put first in the bases of a subclass of upstream's request model.
+
+    Upstream's ``mode="before"`` validators read the client's raw JSON
+    before pydantic checks its types, and some raise ``TypeError`` or
+    ``AttributeError`` on a form they do not expect (``"messages": 5``,
+    ``"structured_outputs": true``; a system message's content part whose
+    ``type`` is a list breaks a log call): an unknown exception, a 500.
+    They read nothing but the client's JSON, so it is a client mistake, a
+    400 naming the field: the one the model's own JSON schema does not
+    admit, else the top-level field without which the validators pass.
+    """
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _json_types_first(
+        cls, data: Any, handler: ModelWrapValidatorHandler[BaseModel]
+    ) -> BaseModel:
+        try:
+            return handler(data)
+        except (TypeError, AttributeError):
+            error = wrong_json_type(cls, data) or _unreadable_field(data, handler)
+            if error is None:
+                raise
+            raise error from None
+
+
+def _unreadable_field(
+    data: Any, handler: ModelWrapValidatorHandler[BaseModel]
+) -> VLLMValidationError | None:
+    """The 400 on the first top-level field of ``data`` without which
+    upstream's validators no longer raise ``TypeError``/``AttributeError``."""
+    if not isinstance(data, dict):
+        return None
+    for name in data:
+        try:
+            handler({key: value for key, value in data.items() if key != name})
+        except (TypeError, AttributeError):
+            continue
+        except (ValidationError, VLLMError):
+            # Another mistake (a field now missing): this one is gone.
+            pass
+        return VLLMValidationError(
+            f"{name} has a form this server cannot read", parameter=str(name)
+        )
+    return None
+
+
+# -- chat --------------------------------------------------------------------------
+
+# Roles of the OpenAI chat API. Upstream also accepts any other string (a
+# custom role its templates may know); a stricter refusal here, documented
+# in docs/errors/status-mapping.md.
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
+class AudioOptions(BaseModel):
+    voice: str = "alloy"
+    format: Literal["wav"] = "wav"
+
+
+class ChatCompletionRequest(JsonTypesFirst, UpstreamChatCompletionRequest):
+    """Upstream's chat request, plus the fields vLLM-Omni adds."""
+
+    # Upstream caches its field names per class (extras logging): ours.
+    field_names: ClassVar[set[str] | None] = None
+
+    modalities: list[Literal["text", "audio"]] | None = None
+    audio: AudioOptions | None = None
+    # A LoRA adapter by name (``extra_body={"lora": ...}``); the stage decides.
+    lora: str | None = None
+
+
+# -- completions -------------------------------------------------------------------
+
+
+class CompletionRequest(JsonTypesFirst, UpstreamCompletionRequest):
+    """Upstream's completion request, plus the fields vLLM-Omni adds."""
+
+    # Upstream caches its field names per class (extras logging): ours.
+    field_names: ClassVar[set[str] | None] = None
+
+    # A LoRA adapter by name (``extra_body={"lora": ...}``); the stage decides.
+    lora: str | None = None
+
+
+# -- speech ------------------------------------------------------------------------
+
+
+class SpeechRequest(BaseModel):
+    """OpenAI's speech request; every field is honoured or refused
+    (``fields.py``), other fields are vendor extras (accepted, logged)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    input: str = Field(min_length=1, max_length=4096)
+    voice: str = "alloy"
+    response_format: Literal["wav"] = "wav"
+    speed: float | None = None
+    instructions: str | None = None
+    stream_format: Literal["sse", "audio"] = "audio"
+
+
+# -- images ------------------------------------------------------------------------
+
+# The OpenAI API's domains: a value outside one is a 400 naming the field.
+Quality = Literal["standard", "hd", "low", "medium", "high", "auto"]
+Background = Literal["transparent", "opaque", "auto"]
+OutputFormat = Literal["png", "jpeg", "webp"]
+
+
+class ImageGenerationRequest(BaseModel):
+    """OpenAI's image generation request; every field is honoured or refused
+    (``fields.py``), values outside the API's domain are a 400 naming the
+    field, other fields are vendor extras (accepted, logged)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    prompt: str
+    model: str | None = None
+    n: PositiveInt64 = 1
+    size: str = "256x256"
+    seed: Int64 | None = None
+    response_format: Literal["b64_json"] = "b64_json"
+    user: str | None = None
+    quality: Quality = "auto"
+    style: Literal["vivid", "natural"] | None = None
+    background: Background = "auto"
+    moderation: Literal["low", "auto"] = "auto"
+    output_format: OutputFormat = "png"
+    output_compression: int | None = Field(default=None, ge=0, le=100)
+    stream: bool = False
+    partial_images: int | None = Field(default=None, ge=0, le=3)
+
+
+# -- videos ------------------------------------------------------------------------
+
+VIDEO_MAX_PROMPT_CHARS = 32_000
+_VIDEO_FIELDS = ("prompt", "model", "seconds", "size")
+VIDEO_VARIANTS = ("video", "thumbnail", "spritesheet")
+VIDEO_DEFAULT_PAGE = 20
+VIDEO_MAX_PAGE = 100
+
+# What the routes read, for ``/openapi.json`` (``openapi.py`` narrows the
+# create fields to the pipeline). A form carries strings only; JSON may
+# also give ``seconds`` as a number, and null for an optional field.
+_FORM_FIELDS: dict[str, Any] = {name: {"type": "string"} for name in _VIDEO_FIELDS}
+_JSON_FIELDS: dict[str, Any] = {
+    "prompt": {"type": "string"},
+    "model": {"type": ["string", "null"]},
+    "seconds": {"type": ["number", "string", "null"]},
+    "size": {"type": ["string", "null"]},
+}
+VIDEO_CREATE_BODY = {
+    "required": True,
+    "content": {
+        media_type: {
+            "schema": {
+                "type": "object",
+                "required": ["prompt"],
+                "properties": dict(
+                    _JSON_FIELDS if media_type == "application/json" else _FORM_FIELDS
+                ),
+            }
+        }
+        for media_type in ("application/json", *FORM_TYPES)
+    },
+}
+VIDEO_PAGE_PARAMETERS = [
+    {
+        "name": "limit",
+        "in": "query",
+        "schema": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": VIDEO_MAX_PAGE,
+            "default": VIDEO_DEFAULT_PAGE,
+        },
+    },
+    {
+        "name": "order",
+        "in": "query",
+        "schema": {"enum": ["asc", "desc"], "default": "desc"},
+    },
+    {
+        "name": "after",
+        "in": "query",
+        "description": "The id of a listed video job (404 otherwise).",
+        "schema": {"type": "string"},
+    },
+]
+VIDEO_VARIANT_PARAMETER = {
+    "name": "variant",
+    "in": "query",
+    "schema": {"enum": list(VIDEO_VARIANTS), "default": "video"},
+}
