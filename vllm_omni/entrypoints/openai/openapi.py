@@ -29,7 +29,9 @@ Not expressible in JSON Schema, and documented instead: the joined length
 of a chat's messages (``--max-prompt-chars``), the body size (413), the
 content guardrail, an uploaded image's decodability, pixels and frames
 (422; the document names the image types). This module decides nothing
-about what is honoured (``fields.py`` does) and builds no responses.
+about what is honoured (``fields.py`` does) and builds no responses; it reads
+the request models from ``protocol.py`` and words a 400 with
+``schema_errors.py``, and imports no route or serving module.
 """
 
 from __future__ import annotations
@@ -45,7 +47,15 @@ import jsonschema_rs
 
 from vllm_omni.entrypoints.openai.fields import ROUTE, ROUTES
 from vllm_omni.entrypoints.openai.limits import RequestLimits
-from vllm_omni.entrypoints.openai.protocol import FORM_TYPES
+from vllm_omni.entrypoints.openai.protocol import (
+    FORM_TYPES,
+    ROLES,
+    VIDEO_MAX_PROMPT_CHARS,
+    ChatCompletionRequest,
+    CompletionRequest,
+    ImageGenerationRequest,
+    SpeechRequest,
+)
 from vllm_omni.entrypoints.openai.schema_errors import (
     BLANKS,
     NOT_BLANK,
@@ -269,9 +279,6 @@ class _Pipeline:
 
 Domains = dict[str, Callable[[Schema], Schema]]
 
-# The narrowing functions import the route modules they describe when they
-# run: those modules import this one (``check_body``).
-
 
 def _narrow_fields(
     schema: Schema,
@@ -410,12 +417,6 @@ _STREAM_OPTIONS_NEED_STREAM = _if_set(
 )
 
 
-def _roles() -> tuple[str, ...]:
-    from vllm_omni.entrypoints.openai.protocol import ROLES
-
-    return ROLES
-
-
 def _messages_text(pipeline: _Pipeline) -> Schema:
     """A reference text stage reads text only: each message is a role and
     non-blank text (a string, or text parts), optionally a name."""
@@ -437,7 +438,7 @@ def _messages_text(pipeline: _Pipeline) -> Schema:
             "required": ["role", "content"],
             "additionalProperties": False,
             "properties": {
-                "role": {"type": "string", "enum": list(_roles())},
+                "role": {"type": "string", "enum": list(ROLES)},
                 "content": {
                     "anyOf": [
                         text,
@@ -457,7 +458,7 @@ def _messages_vllm(doc: Schema, original: Schema) -> Schema:
     for component in schemas.values():
         role = component.get("properties", {}).get("role")
         if role == {"type": "string", "title": "Role"}:
-            component["properties"]["role"] = {"type": "string", "enum": list(_roles())}
+            component["properties"]["role"] = {"type": "string", "enum": list(ROLES)}
     nonblank = {"type": "string", **NOT_BLANK}
     text_part = {
         "type": "object",
@@ -475,8 +476,6 @@ def _messages_vllm(doc: Schema, original: Schema) -> Schema:
 
 
 def _narrow_chat(doc: Schema, pipeline: _Pipeline) -> None:
-    from vllm_omni.entrypoints.openai.protocol import ChatCompletionRequest
-
     schema = _body(doc, "chat")
     stage = pipeline.stages["text"]
     kind = pipeline.kind("text")
@@ -528,8 +527,6 @@ def _narrow_chat(doc: Schema, pipeline: _Pipeline) -> None:
 
 
 def _narrow_completions(doc: Schema, pipeline: _Pipeline) -> None:
-    from vllm_omni.entrypoints.openai.protocol import CompletionRequest
-
     schema = _body(doc, "completions")
     prompt = _text(pipeline.limits.max_prompt_chars, "the prompt")
     domains: Domains = {
@@ -558,8 +555,6 @@ def _narrow_completions(doc: Schema, pipeline: _Pipeline) -> None:
 
 
 def _narrow_speech(doc: Schema, pipeline: _Pipeline) -> None:
-    from vllm_omni.entrypoints.openai.protocol import SpeechRequest
-
     schema = _body(doc, "speech")
     domains: Domains = {
         "model": lambda s: pipeline.model_name(s, form=False),
@@ -594,8 +589,6 @@ def _image_domains(pipeline: _Pipeline, *, form: bool) -> Domains:
 
 
 def _narrow_image_generations(doc: Schema, pipeline: _Pipeline) -> None:
-    from vllm_omni.entrypoints.openai.protocol import ImageGenerationRequest
-
     schema = _body(doc, "image_generations")
     domains = _image_domains(pipeline, form=False)
     _narrow_fields(
@@ -635,8 +628,6 @@ def _narrow_image_edits(doc: Schema, pipeline: _Pipeline) -> None:
 
 
 def _narrow_videos(doc: Schema, pipeline: _Pipeline) -> None:
-    from vllm_omni.entrypoints.openai.protocol import VIDEO_MAX_PROMPT_CHARS
-
     low, high = video_stage.SECONDS_RANGE
     seconds_text = {
         "type": "string",
