@@ -1,0 +1,1 @@
+"""Tests of ``vllm_omni.errors.http``, one module per job of the package."""

@@ -1,0 +1,1 @@
+"""Tests of ``vllm_omni.errors.http.handlers``."""
