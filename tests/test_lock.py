@@ -1,4 +1,5 @@
-"""The checked-in lock covers pyproject's dependencies, and the README's two
+"""The checked-in lock covers the dependencies of both pyprojects (the
+runtime's and the audit tool's, tools/errors_audit), and the README's two
 lines install from it.
 
 A new machine resolves what the lock pins (`pip install -c
@@ -17,6 +18,7 @@ from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "requirements" / "lock.txt"
+TOOL = ROOT / "tools" / "errors_audit"
 
 
 def _locked() -> dict[str, Version]:
@@ -32,10 +34,14 @@ def _locked() -> dict[str, Version]:
 
 
 def _declared() -> list[Requirement]:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    declared = [Requirement(spec) for spec in project["dependencies"]]
-    for specs in project["optional-dependencies"].values():
-        declared += [Requirement(spec) for spec in specs]
+    """The runtime's dependencies and extras, and the audit tool's (README
+    line 2 installs both from the lock)."""
+    declared: list[Requirement] = []
+    for pyproject in (ROOT / "pyproject.toml", TOOL / "pyproject.toml"):
+        project = tomllib.loads(pyproject.read_text())["project"]
+        declared += [Requirement(spec) for spec in project["dependencies"]]
+        for specs in project.get("optional-dependencies", {}).values():
+            declared += [Requirement(spec) for spec in specs]
     return declared
 
 
@@ -62,7 +68,8 @@ def test_readme_lines_install_from_the_lock() -> None:
         "vllm-omni serve --pipeline reference --port 8000"
     )
     assert second == (
-        "pip install -c requirements/lock.txt -e '.[test]' && python -m pytest -q"
+        "pip install -c requirements/lock.txt -e '.[test]' -e tools/errors_audit "
+        "&& python -m pytest -q"
     )
     # .ci/run runs README line 2 itself, in a fresh virtualenv.
     ci = (ROOT / ".ci" / "run").read_text()

@@ -1,7 +1,9 @@
 """The ``vllm-omni`` command: a thin dispatcher to lazily imported subcommands.
 
 It must stay cheap to import: ``vllm-omni errors audit`` never loads vLLM or
-torch, and ``vllm-omni serve`` pays for them only once it is chosen.
+torch, and ``vllm-omni serve`` pays for them only once it is chosen. The
+audit is a tool installed on its own (``tools/errors_audit``); without it,
+``vllm-omni errors audit`` says how to install it and exits 2.
 """
 
 from __future__ import annotations
@@ -16,6 +18,13 @@ _COMMANDS: dict[tuple[str, ...], str] = {
     ("serve",): "vllm_omni.entrypoints.cli.serve:main",
     ("errors", "audit"): "vllm_omni_errors_audit.cli:main",
 }
+# Commands served by a tool installed on its own, not with the runtime:
+# its import package -> how to install it from a checkout.
+_TOOLS: dict[str, str] = {
+    "vllm_omni_errors_audit": (
+        "pip install -c requirements/lock.txt -e tools/errors_audit"
+    ),
+}
 
 _USAGE = """usage: vllm-omni <command> [options]
 
@@ -25,11 +34,35 @@ commands:
 """
 
 
+def _missing_tool(module_name: str) -> str | None:
+    """How to install the tool that serves ``module_name`` when it is not
+    installed; None when it is, or when the module is the runtime's own."""
+    package = module_name.partition(".")[0]
+    if package not in _TOOLS:
+        return None
+    try:
+        importlib.import_module(package)
+    except ModuleNotFoundError as exc:
+        # Only the tool itself missing: a module missing inside it is a
+        # broken install, and its traceback says which.
+        if exc.name != package:
+            raise
+        return _TOOLS[package]
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     for path, target in sorted(_COMMANDS.items(), key=lambda kv: -len(kv[0])):
         if tuple(args[: len(path)]) == path:
             module_name, func = target.split(":")
+            install = _missing_tool(module_name)
+            if install is not None:
+                sys.stderr.write(
+                    f"vllm-omni {' '.join(path)}: not installed (a tool of its "
+                    f"own); from a vllm-omni checkout: {install}\n"
+                )
+                return 2
             handler = getattr(importlib.import_module(module_name), func)
             return int(handler(args[len(path) :]) or 0)
     if args and args[0] in ("-h", "--help"):
