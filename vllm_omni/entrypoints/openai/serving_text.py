@@ -32,7 +32,7 @@ from vllm_omni.entrypoints.openai.protocol import (
     UpstreamChatCompletionRequest,
     UpstreamCompletionRequest,
 )
-from vllm_omni.entrypoints.openai.routes.common import (
+from vllm_omni.entrypoints.openai.serving_common import (
     check_model,
     check_prompt,
     engine_of,

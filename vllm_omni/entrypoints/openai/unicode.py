@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from starlette.datastructures import UploadFile
 from starlette.requests import HTTPConnection, Request
 
-from vllm_omni.entrypoints.openai.routes.common import unknown_model
+from vllm_omni.entrypoints.openai.serving_common import unknown_model
 from vllm_omni.errors import VLLMValidationError
 from vllm_omni.errors.text import NonUnicode, is_unicode, non_unicode_field
 

@@ -16,7 +16,7 @@ from starlette.responses import Response
 from vllm_omni.entrypoints.openai.fields import check_fields, log_ignored
 from vllm_omni.entrypoints.openai.openapi import check_body
 from vllm_omni.entrypoints.openai.protocol import SpeechRequest
-from vllm_omni.entrypoints.openai.routes.common import (
+from vllm_omni.entrypoints.openai.serving_common import (
     check_model,
     engine_of,
     request_id_of,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from vllm_omni.entrypoints.openai.routes.common import engine_of
+from vllm_omni.entrypoints.openai.serving_common import engine_of
 from vllm_omni.errors import OmniServiceUnavailableError
 
 __all__ = ["PUBLIC", "router"]

@@ -29,7 +29,7 @@ from vllm_omni.entrypoints.openai.protocol import (
     OutputFormat,
     Quality,
 )
-from vllm_omni.entrypoints.openai.routes.common import (
+from vllm_omni.entrypoints.openai.serving_common import (
     check_model,
     check_prompt,
     engine_of,

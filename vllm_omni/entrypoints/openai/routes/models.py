@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from vllm_omni.entrypoints.openai.routes.common import engine_of
+from vllm_omni.entrypoints.openai.serving_common import engine_of
 
 __all__ = ["router"]
 

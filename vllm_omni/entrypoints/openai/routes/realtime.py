@@ -66,7 +66,7 @@ from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
 from vllm_omni.entrypoints.openai.fields import check_fields
-from vllm_omni.entrypoints.openai.routes.common import (
+from vllm_omni.entrypoints.openai.serving_common import (
     check_prompt,
     engine_of,
     request_id_of,

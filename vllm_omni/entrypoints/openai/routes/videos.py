@@ -48,7 +48,7 @@ from vllm_omni.entrypoints.openai.protocol import (
     VIDEO_VARIANT_PARAMETER,
     VIDEO_VARIANTS,
 )
-from vllm_omni.entrypoints.openai.routes.common import (
+from vllm_omni.entrypoints.openai.serving_common import (
     check_model,
     engine_of,
     require_modality,

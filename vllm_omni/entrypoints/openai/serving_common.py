@@ -1,8 +1,8 @@
-"""What every route module shares: the engine, the request id, stream errors.
+"""What every serving path shares: the engine, the request limits and checks.
 
-Routes raise semantic exceptions and never build statuses or envelopes; the
-two places a route needs the errors package directly are here: turning a
-failure *after* headers into its terminal stream event, and the request id.
+Serving modules and routes raise semantic exceptions and never build statuses
+or envelopes; this module holds the checks they all make (model, modality,
+prompt) and reads the engine and limits the app holds. It imports no route.
 """
 
 from __future__ import annotations
