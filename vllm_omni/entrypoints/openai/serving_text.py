@@ -16,6 +16,7 @@ import base64
 import contextlib
 import json
 import time
+from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -206,7 +207,7 @@ def _upstream_json(raw: dict[str, Any], model: type[BaseModel]) -> str:
 # -- the answer ----------------------------------------------------------------------
 
 
-class _Shape:
+class _Shape(ABC):
     """How one API words its choices, whole and streamed; one per answer."""
 
     api: ClassVar[str]  # the API a ``vllm`` stage reads the request as
@@ -218,21 +219,21 @@ class _Shape:
     def __init__(self, completion_id: str, modalities: list[str]) -> None:
         self.completion_id = completion_id
 
+    @abstractmethod
     def choice(
         self, choice: TextChoice, final: OmniRequestOutput | None
     ) -> dict[str, Any]:
         """A choice of the whole answer, but its ``finish_reason``."""
-        raise NotImplementedError
 
     def finish(self, output: OmniRequestOutput) -> str | None:
         """The ``finish_reason`` a streamed output's chunk carries."""
         return output.finish_reason
 
+    @abstractmethod
     def delta(
         self, index: int, text: str, finish: str | None, logprobs: Any = None
     ) -> dict[str, Any]:
         """A streamed choice."""
-        raise NotImplementedError
 
     def last(
         self, index: int, final: OmniRequestOutput | None, finish: str
