@@ -565,7 +565,7 @@ def test_a_file_that_does_not_parse_is_never_touched(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The skeleton audits a file with a syntax error in a statement no rule
-    needs (DESIGN §8's documented trade); --fix parses the whole file and
+    needs (docs/design.md §8's documented trade); --fix parses the whole file and
     leaves it, byte for byte."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "api").mkdir()
@@ -688,7 +688,7 @@ def test_a_plain_audit_does_not_load_the_rewriter(tmp_path: Path) -> None:
 
 
 def test_fix_and_suggest_import_no_vllm_torch_or_fastapi(tmp_path: Path) -> None:
-    """DESIGN §8 holds for the rewrites too: LibCST, never the audited
+    """docs/design.md §8 holds for the rewrites too: LibCST, never the audited
     tree's frameworks."""
     write(tmp_path, KEYWORD_FORM)
     probe = (

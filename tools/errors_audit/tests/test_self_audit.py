@@ -1,4 +1,4 @@
-"""Our own tree passes the audit with an empty allowlist (DESIGN §8).
+"""Our own tree passes the audit with an empty allowlist (docs/design.md §8).
 
 The same gate runs in CI as ``.ci/audit-self``; a failure here lists each
 finding as ``path:line:col: RULE name: message [suggest: Type]``.

@@ -1,4 +1,4 @@
-"""The migration audit (DESIGN §8): ``vllm-omni errors audit PATH...``, also
+"""The migration audit (docs/design.md §8): ``vllm-omni errors audit PATH...``, also
 ``python -m vllm_omni_errors_audit PATH...``; a tool of its own beside the
 runtime (``tools/errors_audit``), which it never imports.
 

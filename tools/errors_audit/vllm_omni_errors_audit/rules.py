@@ -212,7 +212,7 @@ _VALIDATION_PATTERN = re.compile(
     r"\b(?:" + "|".join(map(re.escape, VALIDATION_PHRASES)) + r")\b"
 )
 
-# Upstream (vllm.exceptions, vllm.v1.engine.exceptions) and Omni (DESIGN §2)
+# Upstream (vllm.exceptions, vllm.v1.engine.exceptions) and Omni (docs/design.md §2)
 # semantic types. Raising them is what the migration aims for.
 CLIENT_ERROR_TYPES: frozenset[str] = frozenset(
     {
@@ -381,7 +381,7 @@ GENERIC_SUGGESTION = "a semantic VLLMError subtype"
 # -- the migration assistant (``--fix``, ``--suggest``) ----------------------
 
 # Where the rewrites import the semantic types from, and the modules that
-# bind the same objects (DESIGN §2 re-exports them by identity): a file that
+# bind the same objects (docs/design.md §2 re-exports them by identity): a file that
 # already imports a type from one of them needs no second import.
 ERRORS_MODULE = "vllm_omni.errors"
 SEMANTIC_SOURCES: frozenset[str] = frozenset(
@@ -431,7 +431,7 @@ SEMANTIC_PARENTS: dict[str, str] = {
     "OmniStageTimeoutError": "VLLMServerError",
     "OmniServerError": "VLLMServerError",
 }
-# The record of DESIGN §3 and what builds one: ``x.status_code`` of such a
+# The record of docs/design.md §3 and what builds one: ``x.status_code`` of such a
 # value has a ``category`` beside it (``--fix`` OMNI004).
 RECORD_TYPE = "OmniErrorDetails"
 RECORD_BUILDERS: frozenset[str] = frozenset({RECORD_TYPE, "normalize", "from_wire"})
@@ -442,7 +442,7 @@ RECORD_CATEGORIES: dict[str, range] = {
 
 
 # A status with no semantic type of its own keeps it on the compat types
-# that carry one (DESIGN §2): the framework handler renders
+# that carry one (docs/design.md §2): the framework handler renders
 # ``HTTPException(N, msg)`` as exactly these (its status, ``default_type(N)``).
 EXPLICIT_STATUS_TYPES: dict[str, str] = {
     "client": "OmniClientError",

@@ -1,4 +1,4 @@
-"""Honoured or refused: every field of each route's OpenAI request (DESIGN §10).
+"""Honoured or refused: every field of each route's OpenAI request (docs/design.md §10).
 
 Owns the table that says, for each field a route's request model defines,
 who honours it: the route itself (``ROUTE``, whatever the pipeline), the

@@ -1,6 +1,6 @@
 """Async video jobs: a durable SQLite store and the workers that run the jobs.
 
-Owns the job record and its life cycle (DESIGN §4, async jobs)::
+Owns the job record and its life cycle (docs/design.md §4, async jobs)::
 
     queued ──► in_progress ──► completed
        │            │    └───► failed      (the canonical error, stored)

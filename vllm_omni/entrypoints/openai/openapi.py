@@ -1,5 +1,5 @@
 """The served ``/openapi.json``, narrowed to the running pipeline, and the
-check that holds every JSON and form request to it (DESIGN §10).
+check that holds every JSON and form request to it (docs/design.md §10).
 
 FastAPI describes each route's request model (upstream's for chat and
 completions); ``served`` narrows that document, once per engine, with the

@@ -5,7 +5,7 @@ Owns the steps between a validated request and the engine, the same for
 both APIs but for their order of checks: which stage honours the request,
 refusing what it does not honour and logging vendor extras, the parameters
 the stage reads; then the answer, whole or as an SSE stream whose first
-output is awaited before the 200 goes out (DESIGN §4). How each API words
+output is awaited before the 200 goes out (docs/design.md §4). How each API words
 its choices is one small class each (``_Chat``, ``_Completion``).
 """
 

@@ -1,4 +1,4 @@
-"""The boundary check that everything a client sends is Unicode (DESIGN §10).
+"""The boundary check that everything a client sends is Unicode (docs/design.md §10).
 
 ``require_unicode`` is a FastAPI dependency that ``build_app`` puts on every
 router, so it runs for every route, HTTP and WebSocket, present and future,

@@ -4,7 +4,7 @@ The request is upstream vLLM's own ``ChatCompletionRequest`` with vLLM-Omni's
 ``modalities``, ``audio`` and ``lora`` (``protocol.py``): every field vLLM
 knows is validated as vLLM validates it, and each field the client sets is
 honoured or refused with a 400 naming it (``fields.py``). The work is
-``serving_text.chat``; a stream's errors follow DESIGN §4 (statuses until
+``serving_text.chat``; a stream's errors follow docs/design.md §4 (statuses until
 the first output, then one error event and ``[DONE]``).
 """
 

@@ -26,7 +26,7 @@ Server → client::
                                            "modalities", "finish_reason"}}
     {"type": "error", "event_id"?: "e1", "error": {canonical error object}}
 
-Errors (DESIGN §4, WebSocket):
+Errors (docs/design.md §4, WebSocket):
 
 - before accept, the handshake is denied with the canonical status and body
   (the error boundary, via ``websocket.http.response``): 401 for a wrong API

@@ -9,7 +9,7 @@ Routes::
     GET    /v1/videos/{id}/content    the GIF of a completed job
     POST   /v1/videos/{id}/remix      declared, not implemented (501)
 
-Statuses (DESIGN §4, async jobs): the request is checked here, before a job
+Statuses (docs/design.md §4, async jobs): the request is checked here, before a job
 exists (400 with ``param``: ``prompt``, ``seconds``, ``size``, also outside
 the video stage's ranges, as ``/openapi.json`` states them; 404 for another
 model; 503 when the pipeline has no video stage). A job that fails later
