@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 INSTALL = "pip install -c requirements/lock.txt -e tools/errors_audit"
 
 
