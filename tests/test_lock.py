@@ -10,6 +10,7 @@ requirements/lock.txt …`); a dependency added to pyproject without re-running
 from __future__ import annotations
 
 import tomllib
+from importlib import metadata
 from pathlib import Path
 
 from packaging.requirements import Requirement
@@ -75,3 +76,34 @@ def test_readme_lines_install_from_the_lock() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     assert 'test_line="$(sed -n 2p README.md)"' in ci
     assert 'rm -rf "$venv"' in ci
+
+
+def _closure(distribution: str) -> set[str]:
+    """The installed distributions ``distribution`` needs, without extras."""
+    seen: set[str] = set()
+    todo = [distribution]
+    while todo:
+        name = canonicalize_name(todo.pop())
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            requires = metadata.requires(name) or []
+        except metadata.PackageNotFoundError:
+            continue  # a dependency for another platform, not installed here
+        for spec in requires:
+            requirement = Requirement(spec)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                todo.append(requirement.name)
+    return seen
+
+
+def test_the_runtime_needs_no_codemod_library_and_builds_no_extension() -> None:
+    """What only the audit needs is the audit's (docs/design.md §11)."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "ext-modules" not in pyproject["tool"]["setuptools"]
+    assert not list((ROOT / "vllm_omni").rglob("*.c"))
+    runtime = _closure("vllm-omni")
+    assert {"vllm", "fastapi", "jsonschema-rs"} <= runtime
+    assert "libcst" not in runtime
+    assert "libcst" in _closure("vllm-omni-errors-audit")
