@@ -35,7 +35,6 @@ from vllm_omni.entrypoints.openai.auth import (
     require_api_key,
 )
 from vllm_omni.entrypoints.openai.limits import RequestLimits
-from vllm_omni.entrypoints.openai.openapi import prepare, served
 from vllm_omni.entrypoints.openai.unicode import require_unicode
 from vllm_omni.errors.http import ERROR_RESPONSES, install_error_handling
 from vllm_omni.upstream import launcher
@@ -61,13 +60,18 @@ _ROUTERS = (
     "vllm_omni.entrypoints.openai.routes.videos",
     "vllm_omni.entrypoints.openai.routes.realtime",
 )
+# ``/openapi.json`` narrowed to the pipeline. It reads the request models,
+# which load upstream's protocol modules (and with them ``vllm.config``, 3-4 s):
+# like the routers it is imported by name when the app is built, after
+# ``vllm-omni serve`` warmed both in a thread (``route_modules``).
+_OPENAPI = "vllm_omni.entrypoints.openai.openapi"
 
 
 def route_modules() -> list[Any]:
-    """Every installed route module, imported. They import vLLM's serving
-    code (seconds of work, most of it holding the GIL): ``vllm-omni serve``
-    calls this in a thread before it builds the app, so that the engine's
-    loop (stage heartbeats, stage messages) never waits for it."""
+    """Every installed route module, imported, and ``openapi`` with them. They
+    import vLLM's serving code (seconds of work, most of it holding the GIL):
+    ``vllm-omni serve`` calls this in a thread before it builds the app, so
+    that the engine's loop (stage heartbeats, stage messages) never waits."""
     modules = []
     for name in _ROUTERS:
         try:
@@ -76,6 +80,7 @@ def route_modules() -> list[Any]:
             if exc.name != name:
                 raise
             logger.warning("route module %s is not installed; skipping it", name)
+    importlib.import_module(_OPENAPI)
     return modules
 
 
@@ -123,6 +128,7 @@ def build_app(args: argparse.Namespace) -> FastAPI:
     Instrumentator(excluded_handlers=_UNMETERED).instrument(app).expose(
         app, response_class=_PrometheusResponse, include_in_schema=False
     )
+    served = importlib.import_module(_OPENAPI).served
     app.openapi = functools.partial(served, app)  # type: ignore[method-assign]
     return app
 
@@ -138,7 +144,7 @@ async def init_app_state(
     app.state.engine_client = engine
     app.state.args = args
     await _run_hooks(app, "init_state", args)
-    prepare(app)
+    importlib.import_module(_OPENAPI).prepare(app)
 
 
 async def run_server(args: argparse.Namespace, engine: AsyncOmni) -> int:
