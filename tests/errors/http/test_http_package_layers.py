@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.import_graph import module_names
+
 ROOT = Path(__file__).resolve().parents[3]
 PACKAGE = "vllm_omni.errors.http"
 # Each module's layer: a module imports only modules of lower layers. The
@@ -33,14 +35,11 @@ LAYERS = {
 
 
 def _modules(package: str) -> dict[str, Path]:
-    folder = ROOT.joinpath(*package.split("."))
-    found: dict[str, Path] = {}
-    for path in sorted(folder.rglob("*.py")):
-        parts = list(path.relative_to(folder).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts.pop()
-        found[".".join(parts)] = path
-    return found
+    """The modules of ``package``, named relative to it ("" is its ``__init__``)."""
+    return {
+        name.removeprefix(package).removeprefix("."): path
+        for name, path in module_names(ROOT, package.replace(".", "/")).items()
+    }
 
 
 def _imports(path: Path) -> list[tuple[ast.stmt, bool, str, list[str]]]:
