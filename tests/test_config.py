@@ -13,8 +13,10 @@ import vllm_omni.engine.faults
 from tests.engine.engines import write_pipeline
 from vllm_omni.config import (
     PipelineConfigError,
+    check_model_pipeline,
     check_pipeline,
     load_pipeline,
+    pipeline_for_model,
     pipeline_from_mapping,
 )
 from vllm_omni.entrypoints.async_omni import AsyncOmni
@@ -301,3 +303,68 @@ def test_engine_arguments_override_the_file_and_the_default_silence_follows() ->
     with pytest.raises(VLLMValidationError) as caught:
         AsyncOmni(plain, heartbeat_timeout_s=4, silence_timeout_s=5)
     assert caught.value.parameter == "silence_timeout_s"
+
+
+def test_a_model_without_a_pipeline_is_one_vllm_stage_in_process() -> None:
+    pipeline = pipeline_for_model("org/tiny", {"max_model_len": 128})
+    (stage,) = pipeline.stages
+    assert (stage.id, stage.kind, stage.in_process) == (0, "vllm", True)
+    assert stage.options["engine_args"] == {"model": "org/tiny", "max_model_len": 128}
+    assert pipeline.model == "org/tiny"
+    named = pipeline_for_model("org/tiny", served_model_name="tiny")
+    assert named.model == "tiny"
+
+
+def test_a_pipeline_file_gives_model_and_engine_args_to_its_vllm_stage() -> None:
+    base = pipeline_from_mapping(
+        {
+            "model": "served",
+            "stages": [
+                {"id": 0, "kind": "guardrail"},
+                {
+                    "id": 1,
+                    "kind": "vllm",
+                    "options": {
+                        "engine_args": {"model": "old", "dtype": "float32"},
+                        "lora_modules": {},
+                    },
+                },
+            ],
+        }
+    )
+    pipeline = pipeline_for_model("new", {"max_model_len": 64}, base=base)
+    assert pipeline.model == "served"
+    assert pipeline.stages[0] == base.stages[0]
+    assert pipeline.stages[1].options == {
+        "engine_args": {"model": "new", "dtype": "float32", "max_model_len": 64},
+        "lora_modules": {},
+    }
+    assert base.stages[1].options["engine_args"]["model"] == "old"
+    assert pipeline_for_model(None, base=base) is base
+
+
+@pytest.mark.parametrize(
+    ("model", "engine_args", "parameter"),
+    [
+        ("m", {}, "model"),
+        (None, {"max_model_len": 64}, "max_model_len"),
+    ],
+)
+def test_engine_arguments_a_pipeline_cannot_take_are_refused_by_name(
+    model: str | None, engine_args: dict[str, Any], parameter: str
+) -> None:
+    reference = load_pipeline("reference")
+    with pytest.raises(PipelineConfigError) as light:
+        check_model_pipeline(model, engine_args, base=reference)
+    assert light.value.parameter == parameter
+    assert "no vllm stage" in str(light.value)
+    with pytest.raises(VLLMValidationError) as public:
+        pipeline_for_model(model, engine_args, base=reference)
+    assert public.value.parameter == parameter
+
+
+def test_a_model_is_needed_without_a_pipeline() -> None:
+    for model in (None, ""):
+        with pytest.raises(VLLMValidationError) as caught:
+            pipeline_for_model(model)
+        assert caught.value.parameter == "model"

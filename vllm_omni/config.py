@@ -87,7 +87,7 @@ import contextlib
 import importlib
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, NoReturn, cast, get_args
@@ -109,9 +109,11 @@ __all__ = [
     "StageConfig",
     "StageKind",
     "WorkerBackend",
+    "check_model_pipeline",
     "check_pipeline",
     "liveness_settings",
     "load_pipeline",
+    "pipeline_for_model",
     "pipeline_from_mapping",
     "resolve_exception",
 ]
@@ -663,3 +665,87 @@ def load_pipeline(spec: str | os.PathLike[str] | PipelineConfig) -> PipelineConf
         return spec
     with _as_validation_error():
         return check_pipeline(spec)
+
+
+# The name of the one stage a model served without a pipeline file runs in.
+MODEL_STAGE_NAME = "llm"
+
+
+def check_model_pipeline(
+    model: str | None,
+    engine_args: Mapping[str, Any] | None = None,
+    *,
+    base: PipelineConfig | None = None,
+    served_model_name: str | None = None,
+) -> PipelineConfig:
+    """The pipeline ``vllm serve MODEL --omni`` and ``Omni(model=...)`` run;
+    ``PipelineConfigError`` if it cannot be built (see ``pipeline_for_model``).
+
+    Without ``base``: one ``vllm`` stage (id 0, in the orchestrator's process
+    as ``vllm serve`` runs its engine) built from ``model`` and the engine
+    arguments. With ``base`` (a pipeline file): the model and engine arguments
+    go to its one ``vllm`` stage, over what the file says; a pipeline with no
+    ``vllm`` stage, or more than one, refuses them (naming the first
+    argument: never silently dropped). ``served_model_name``
+    (the name clients send) defaults to the file's ``model`` or to ``model``.
+    Imports nothing of vLLM: the engine arguments are checked by the stage.
+    """
+    given = dict(engine_args or {})
+    if model is not None:
+        if not isinstance(model, str) or not model:
+            _reject("model must be a non-empty string", "model")
+        given["model"] = model
+    if base is None:
+        if model is None:
+            _reject("a model is needed when no pipeline is given", "model")
+        stage = StageConfig(
+            id=0,
+            name=MODEL_STAGE_NAME,
+            kind="vllm",
+            in_process=True,
+            options={"engine_args": given},
+        )
+        return PipelineConfig(
+            model=served_model_name or model or "",
+            stages=(stage,),
+            source=f"model:{model}",
+        )
+    if not given:
+        if served_model_name is None:
+            return base
+        return replace(base, model=served_model_name)
+    targets = [s for s in base.stages if s.kind == "vllm"]
+    if len(targets) != 1:
+        first = "model" if "model" in given else next(iter(given))
+        why = (
+            "has no vllm stage to give it to"
+            if not targets
+            else f"has {len(targets)} vllm stages; name the one in its file"
+        )
+        raise PipelineConfigError(
+            f"{first} cannot be used with pipeline {base.source}: it {why}", first
+        )
+    (target,) = targets
+    old = target.options.get("engine_args", {})
+    merged = {**(old if isinstance(old, Mapping) else {}), **given}
+    stage = replace(target, options={**target.options, "engine_args": merged})
+    return replace(
+        base,
+        model=served_model_name or base.model,
+        stages=tuple(stage if s is target else s for s in base.stages),
+    )
+
+
+def pipeline_for_model(
+    model: str | None,
+    engine_args: Mapping[str, Any] | None = None,
+    *,
+    base: PipelineConfig | None = None,
+    served_model_name: str | None = None,
+) -> PipelineConfig:
+    """``check_model_pipeline`` for Python callers: ``VLLMValidationError``
+    naming the argument."""
+    with _as_validation_error():
+        return check_model_pipeline(
+            model, engine_args, base=base, served_model_name=served_model_name
+        )
