@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import json
 
+import jsonschema_rs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from vllm_omni.errors.details import OmniErrorDetails
+from vllm_omni.errors.http.schema import component_schemas
 from vllm_omni.errors.render import (
+    error_body,
     error_object,
     http_error_response,
     job_error,
@@ -174,3 +177,51 @@ def test_retry_after_exactly_when_retry(record: OmniErrorDetails) -> None:
         record.category == "client" and record.status_code not in (408, 429)
     ):
         assert retry == "false"
+
+
+def _validator(name: str) -> jsonschema_rs.Validator:
+    """The published schema ``name`` (``/openapi.json``'s components)."""
+    root = {"$ref": f"#/components/schemas/{name}"}
+    return jsonschema_rs.Draft202012Validator(
+        {**root, "components": {"schemas": component_schemas()}}
+    )
+
+
+_IDS = st.one_of(st.none(), st.from_regex(r"\Achatcmpl-[0-9a-f]{1,16}\Z"))
+_ANY_RECORDS = st.sampled_from([("client", 400, 499), ("server", 500, 599)]).flatmap(
+    lambda owner: st.builds(
+        OmniErrorDetails,
+        message=st.sampled_from(["Bad value.", "The stage failed.", "m"]),
+        category=st.just(owner[0]),
+        status_code=st.integers(owner[1], owner[2]),
+        error_type=st.sampled_from(["BadRequestError", "InternalServerError"]),
+        parameter=st.one_of(st.none(), st.from_regex(r"\A[a-z_]{1,8}\Z")),
+        request_id=_IDS,
+        stage_id=st.one_of(st.none(), st.integers(0, 9)),
+        fatal=st.just(False) if owner[0] == "client" else st.booleans(),
+    )
+)
+
+
+@given(_ANY_RECORDS)
+def test_every_rendered_error_is_the_published_schema(
+    record: OmniErrorDetails,
+) -> None:
+    http = _validator("ErrorEnvelope")
+    event = _validator("ErrorEventEnvelope")
+    assert http.is_valid(json.loads(http_error_response(record).body))
+    sse = json.loads(sse_error_events(record).split(b"\n\n")[0].removeprefix(b"data: "))
+    assert event.is_valid(sse)
+    assert event.is_valid({"error": ws_error_event(record)["error"]})
+    assert event.is_valid({"error": job_error(record)})
+    # Each schema refuses the other's shape: the retry guidance is where it
+    # belongs, in the body only where no header can carry it.
+    assert not http.is_valid(sse) and not event.is_valid(error_body(record))
+
+
+def test_the_published_event_object_is_the_http_one_plus_retryable() -> None:
+    schemas = component_schemas()
+    http, event = schemas["ErrorObject"], schemas["ErrorEventObject"]
+    assert set(event["properties"]) - set(http["properties"]) == {"retryable"}
+    assert set(event["required"]) - set(http["required"]) == {"retryable"}
+    assert http["additionalProperties"] is event["additionalProperties"] is False

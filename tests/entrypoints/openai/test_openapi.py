@@ -27,6 +27,7 @@ from vllm_omni.entrypoints.openai.openapi import (
 )
 from vllm_omni.entrypoints.openai.schema_errors import NOT_BLANK
 from vllm_omni.errors import VLLMValidationError
+from vllm_omni.errors.http.schema import component_schemas
 from vllm_omni.stages import image, text, video
 from vllm_omni.stages.base import parse_size
 
@@ -325,3 +326,12 @@ def test_patterns_are_ecma_and_python_alike() -> None:
     ):
         re.compile(pattern)
         jsonschema_rs.validator_for({"pattern": pattern})
+
+
+def test_the_error_event_is_published_beside_the_envelope(
+    reference: dict[str, Any],
+) -> None:
+    schemas = reference["components"]["schemas"]
+    for name, schema in component_schemas().items():
+        assert schemas[name] == schema
+    assert "retryable" in schemas["ErrorEventObject"]["required"]

@@ -62,6 +62,7 @@ from vllm_omni.entrypoints.openai.schema_errors import (
     Schema,
     first_error,
 )
+from vllm_omni.errors.http.schema import component_schemas
 from vllm_omni.stages import image as image_stage
 from vllm_omni.stages import text as text_stage
 from vllm_omni.stages import video as video_stage
@@ -695,6 +696,10 @@ def _narrowed(app: FastAPI, engine: AsyncOmni) -> _Served:
     )
     routes = [r for r in _NARROW if _path(r) in generated["paths"]]
     document = copy.deepcopy(generated)
+    # The error event (SSE, WebSocket, jobs) beside the HTTP envelope the
+    # routes' responses name (no route's schema can reference an SSE event),
+    # both as one generator writes them.
+    document["components"]["schemas"].update(component_schemas())
     checked = copy.deepcopy(generated)
     for route in routes:
         _NARROW[route](document, pipeline)

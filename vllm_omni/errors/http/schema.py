@@ -3,7 +3,10 @@
 Documentation only: the pydantic models here describe what
 ``vllm_omni.errors.render`` produces, so API clients and contract fuzzers
 (schemathesis) know every error status a route can answer and the exact
-body shape. Nothing renders through these models.
+body shape, and the soak checks every error it sees against the served
+document. ``ErrorEventObject`` is the object where no header can carry the
+retry guidance (an SSE error event, a WebSocket ``error`` event, a failed
+job). Nothing renders through these models.
 """
 
 from __future__ import annotations
@@ -12,8 +15,16 @@ from http import HTTPStatus
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import models_json_schema
 
-__all__ = ["ERROR_RESPONSES", "ErrorEnvelope", "ErrorObject"]
+__all__ = [
+    "ERROR_RESPONSES",
+    "ErrorEnvelope",
+    "ErrorEventEnvelope",
+    "ErrorEventObject",
+    "ErrorObject",
+    "component_schemas",
+]
 
 
 class ErrorObject(BaseModel):
@@ -35,9 +46,39 @@ class ErrorObject(BaseModel):
 
 
 class ErrorEnvelope(BaseModel):
+    """An HTTP error response's body."""
+
     model_config = ConfigDict(extra="forbid")
 
     error: ErrorObject
+
+
+class ErrorEventObject(ErrorObject):
+    """The error object of an SSE error event, a WebSocket ``error`` event
+    and a failed video job: the HTTP one plus the retry guidance that an
+    HTTP error carries in ``x-should-retry``."""
+
+    retryable: bool = Field(
+        description="Whether repeating the same request can succeed."
+    )
+
+
+class ErrorEventEnvelope(BaseModel):
+    """``data: {"error": ...}`` in an SSE stream that already sent 200."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    error: ErrorEventObject
+
+
+def component_schemas() -> dict[str, Any]:
+    """The JSON schemas of the envelopes, keyed for ``components.schemas``."""
+    _, schemas = models_json_schema(
+        [(ErrorEnvelope, "serialization"), (ErrorEventEnvelope, "serialization")],
+        ref_template="#/components/schemas/{model}",
+    )
+    defs: dict[str, Any] = schemas["$defs"]
+    return defs
 
 
 # Statuses any API route may answer with: the client and server statuses of
