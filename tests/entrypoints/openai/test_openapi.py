@@ -10,9 +10,12 @@ validates and the defaults of what nobody honours.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import re
+import threading
 from typing import Any
 
+import httpx
 import jsonschema_rs
 import pytest
 from hypothesis import example, given, settings
@@ -335,3 +338,31 @@ def test_the_error_event_is_published_beside_the_envelope(
     for name, schema in component_schemas().items():
         assert schemas[name] == schema
     assert "retryable" in schemas["ErrorEventObject"]["required"]
+
+
+async def test_openapi_json_waits_for_the_document_without_holding_the_loop() -> None:
+    from vllm_omni.entrypoints.openai import openapi
+    from vllm_omni.entrypoints.openai.api_server import build_app
+
+    app = build_app(argparse.Namespace(api_key=None, error_mode="strict"))
+    engine = _Engine(REFERENCE)
+    app.state.engine_client = engine
+    gate = threading.Event()
+
+    def build_when_let() -> Any:
+        gate.wait(10)
+        return openapi._narrowed(app, engine)  # type: ignore[arg-type]
+
+    app.state.openapi_task = asyncio.create_task(asyncio.to_thread(build_when_let))
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        pending = asyncio.create_task(client.get("/openapi.json"))
+        # The loop keeps running while the document is built (FastAPI's own
+        # route built it here, on the loop, and was done by now).
+        for _ in range(20):
+            await asyncio.sleep(0.01)
+        assert not pending.done()
+        gate.set()
+        response = await pending
+    assert response.status_code == 200
+    assert response.json() == app.state.openapi_task.result().document

@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import gc
 import importlib
 import logging
 import signal
@@ -37,6 +38,7 @@ from vllm_omni.entrypoints.openai.auth import (
 from vllm_omni.entrypoints.openai.limits import RequestLimits
 from vllm_omni.entrypoints.openai.unicode import require_unicode
 from vllm_omni.errors.http import ERROR_RESPONSES, install_error_handling
+from vllm_omni.errors.sanitize import warm_rule_set
 from vllm_omni.upstream import launcher
 
 __all__ = ["build_app", "init_app_state", "route_modules", "run_server"]
@@ -128,8 +130,13 @@ def build_app(args: argparse.Namespace) -> FastAPI:
     Instrumentator(excluded_handlers=_UNMETERED).instrument(app).expose(
         app, response_class=_PrometheusResponse, include_in_schema=False
     )
-    served = importlib.import_module(_OPENAPI).served
-    app.openapi = functools.partial(served, app)  # type: ignore[method-assign]
+    openapi = importlib.import_module(_OPENAPI)
+    app.openapi = functools.partial(openapi.served, app)  # type: ignore[method-assign]
+    # FastAPI's /openapi.json route, replaced by one that awaits the document.
+    app.router.routes[:] = [
+        r for r in app.router.routes if getattr(r, "path", None) != app.openapi_url
+    ]
+    app.add_route(str(app.openapi_url), openapi.endpoint, include_in_schema=False)
     return app
 
 
@@ -174,6 +181,7 @@ async def run_server(args: argparse.Namespace, engine: AsyncOmni) -> int:
         for sig in _EXIT_SIGNALS:
             loop.add_signal_handler(sig, _request_exit, server)
         watchdog = asyncio.create_task(_watch_engine(server, engine))
+        freeze = asyncio.create_task(_freeze_when_warm(app))
         logger.info(
             "vllm-omni serving %s on http://%s:%d (error mode %s)",
             engine.model_name,
@@ -187,11 +195,35 @@ async def run_server(args: argparse.Namespace, engine: AsyncOmni) -> int:
             await server.serve(sockets=None if listening is None else [listening])
         finally:
             watchdog.cancel()
+            freeze.cancel()
             for sig in _EXIT_SIGNALS:
                 loop.remove_signal_handler(sig)
         return 1 if engine.errored else 0
     finally:
         engine.shutdown()
+
+
+async def _freeze_when_warm(app: FastAPI) -> None:
+    """Leave the start-up heap out of every later collection, once what
+    start-up leaves to threads is built: upstream's launcher module, the
+    sanitizer's rule set, the served ``/openapi.json``.
+
+    Like ``vllm serve`` (upstream's ``freeze_gc_heap``): a full collection
+    walks every object vLLM, torch and the app created at start-up, and held
+    this loop 0.8 to 2 s at a time under load (docs/performance.md, the
+    soak's stall). Only the young generations are collected first: a full
+    collection here would be one such pause, to free a few dozen objects
+    (measured), which stay frozen instead.
+    """
+    await asyncio.to_thread(launcher)
+    await asyncio.to_thread(warm_rule_set().join)
+    built: asyncio.Task[Any] | None = getattr(app.state, "openapi_task", None)
+    if built is not None:
+        await asyncio.wait([built])
+    gc.collect(0)
+    gc.collect(1)
+    gc.freeze()
+    logger.debug("start-up heap frozen: %d objects", gc.get_freeze_count())
 
 
 def _ws_max_size(app: FastAPI) -> int:

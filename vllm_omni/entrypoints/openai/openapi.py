@@ -44,6 +44,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import jsonschema_rs
+from starlette.requests import Request
+from starlette.responses import JSONResponse
 
 from vllm_omni.entrypoints.openai.fields import ROUTE, ROUTES
 from vllm_omni.entrypoints.openai.limits import RequestLimits
@@ -771,6 +773,18 @@ def served(app: FastAPI) -> Schema:
     if current is None:
         return app.__class__.openapi(app)
     return current.document
+
+
+async def endpoint(request: Request) -> JSONResponse:
+    """``GET /openapi.json``: the served document, awaited off the loop when
+    ``prepare``'s thread is still building it (FastAPI's own route would
+    build it on the loop: most of a second that every request waits)."""
+    task: asyncio.Task[_Served] | None = getattr(
+        request.app.state, "openapi_task", None
+    )
+    if task is not None and not task.done():
+        await asyncio.shield(task)
+    return JSONResponse(served(request.app))
 
 
 async def check_body(
