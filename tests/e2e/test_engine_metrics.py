@@ -10,6 +10,7 @@ stopped.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import httpx
@@ -21,6 +22,7 @@ from tests.observability.names import (
     exported_series,
     queried_series,
 )
+from tests.prom import samples, value
 
 METRICS_DIR_PREFIX = "vllm-omni-metrics-"
 
@@ -64,3 +66,32 @@ def test_no_metrics_files_are_left_after_the_server_stops(tmp_path: Path) -> Non
         server.stop()
     assert server.proc.returncode == 0
     assert not list(temp.glob(METRICS_DIR_PREFIX + "*"))
+
+
+def test_the_servers_event_loop_lag_is_a_histogram_that_grows(
+    omni_server: OmniServer,
+) -> None:
+    """The engine's watch measures how late the server's loop runs its 0.1 s
+    timer, every time, in the buckets the alert reads."""
+    lag = "vllm_omni:event_loop_lag_seconds"
+
+    def read() -> dict[str, float]:
+        text = httpx.get(
+            omni_server.base_url + "/metrics", headers=omni_server.headers()
+        ).text
+        buckets = {
+            labels["le"]: v
+            for (name, labels_set), v in samples(text).items()
+            if name == lag + "_bucket"
+            for labels in [dict(labels_set)]
+        }
+        return {"count": value(text, lag + "_count"), **buckets}
+
+    before = read()
+    time.sleep(1.0)
+    after = read()
+    assert after["count"] > before["count"]
+    assert after["+Inf"] == after["count"]
+    bounds = sorted((float(le), n) for le, n in after.items() if le != "count")
+    assert [n for _, n in bounds] == sorted(n for _, n in bounds)
+    assert {0.25, 1.0} <= {le for le, _ in bounds}

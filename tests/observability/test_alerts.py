@@ -38,6 +38,7 @@ EXPECTED_ALERTS = {
     "VllmOmniStageTimeouts",
     "VllmOmniOverloaded",
     "VllmOmniLegacyFallbacks",
+    "VllmOmniEventLoopLag",
 }
 # prometheus-fastapi-instrumentator's counter (the server mounts it).
 INSTRUMENTATOR_SERIES = {"http_requests_total"}

@@ -114,6 +114,7 @@ from vllm_omni.errors.metrics import (
     ADMISSION_REJECTIONS_TOTAL,
     ENGINE_DEAD,
     ENGINE_WIDE,
+    EVENT_LOOP_LAG,
     REQUESTS_IN_FLIGHT,
     AbortReason,
     record_abort,
@@ -733,6 +734,7 @@ class Orchestrator:
         while self._dead is None and not self._closed:
             await asyncio.sleep(_WATCH_INTERVAL_S)
             now = loop.time()
+            EVENT_LOOP_LAG.observe(max(0.0, now - previous - _WATCH_INTERVAL_S))
             paused = liveness.stalled(previous, now, _WATCH_INTERVAL_S)
             previous = now
             if paused:

@@ -3,9 +3,11 @@ instrumentator uses.
 
 Owns the counters an on-call alerts on: rendered errors, legacy fallbacks,
 aborts by reason, admission rejections, plus two gauges (requests in flight,
-engine dead). Labels are bounded by construction: the transport is one of a
-fixed set, category and code come from a validated record, the type is the
-record's short identifier (from the status table or a class), the fallback
+engine dead) and the lag of the engine's event loop (the API server's under
+``vllm-omni serve``), whose stalls delay every heartbeat and token. Labels
+are bounded by construction: the transport is one of a fixed set,
+category and code come from a validated record, the type is the record's
+short identifier (from the status table or a class), the fallback
 label is an exception class name from a fixed table, abort and admission
 reasons are literals, and the admission ``stage`` label is a stage id from
 the pipeline file. No message, request id or path ever becomes a label.
@@ -22,7 +24,7 @@ import contextvars
 import dataclasses
 from typing import Literal, get_args
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
 
 from vllm_omni.errors.details import OmniErrorDetails
 
@@ -32,6 +34,7 @@ __all__ = [
     "ENGINE_DEAD",
     "ENGINE_WIDE",
     "ERRORS_TOTAL",
+    "EVENT_LOOP_LAG",
     "RAW_FALLBACKS_TOTAL",
     "REQUESTS_IN_FLIGHT",
     "AbortContext",
@@ -89,6 +92,14 @@ REQUESTS_IN_FLIGHT = Gauge(
 ENGINE_DEAD = Gauge(
     "vllm_omni:engine_dead",
     "1 once a stage died or failed fatally, until a new engine starts; else 0.",
+)
+EVENT_LOOP_LAG = Histogram(
+    "vllm_omni:event_loop_lag_seconds",
+    "How late the engine's event loop (the API server's under vllm-omni serve) "
+    "ran a timer: every request, stream and heartbeat on it waited as long.",
+    # From a busy loop's few milliseconds to the pauses the stall rule
+    # (liveness.STALL_TOLERANCE_S, 1 s) credits to stages.
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
 )
 # Every series exists from the start, so rate() and absent() work at once.
 for _reason in get_args(AbortReason):
