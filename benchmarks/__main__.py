@@ -10,12 +10,12 @@ After the full table comes the compact one of every row with a target
 (metric, ratio, spread, target, met). Targets are information: a missed one
 does not change the exit code.
 
-``--quick`` runs every module with tiny counts, so that CI (``.ci/run``)
-notices a benchmark that no longer imports or crashes; its numbers mean
-nothing. It exits non-zero when a module raised; a full run also when a
-correctness row (``ok``: nothing lost, recall, the soak's reconciliation)
-failed. ``bench_real_engine`` runs in the real-engine environment
-(``.ci/real-engine``), not here.
+``--quick`` runs every module with small counts, so that CI (``.ci/run``)
+notices a benchmark that no longer imports or crashes; its timings mean
+nothing, its correctness rows everything. Either run exits non-zero when a
+module raised or a correctness row (``ok``: nothing lost, recall, the soak's
+reconciliation) failed. ``bench_real_engine`` runs in the real-engine
+environment (``.ci/real-engine``), not here.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import time
 import traceback
 from collections.abc import Sequence
 
-from benchmarks.paired import table, target_table
+from benchmarks.paired import failed, table, target_table
 
 MODULES = (
     "bench_errors",
@@ -98,11 +98,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"\nload average {load:.2f} at the start, {os.getloadavg()[0]:.2f} at the end"
     )
+    wrong = failed(rows)
+    for name in wrong:
+        print(f"correctness row failed: {name}", file=sys.stderr)
     if crashed:
         print(f"crashed: {', '.join(crashed)}", file=sys.stderr)
-        return 1
-    failed = [row for row in rows if row.get("ok") is False]
-    return 1 if failed and not args.quick else 0
+    return 1 if crashed or wrong else 0
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ from typing import Any
 
 import yaml
 
+from benchmarks.paired import failed
+
 HEAVY = {"n": 10, "size": "1024x1024"}
 SMALL = {"size": "64x64"}
 BURST = 3000
@@ -194,7 +196,7 @@ def main() -> int:
             f"{row['benchmark']}: {row['ours']} {row['unit']}"
             + (f" (baseline {row['baseline']})" if row.get("baseline") else "")
         )
-    return 0 if all(row.get("ok", True) for row in rows) else 1
+    return 1 if failed(rows) else 0
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.paired import failed
 from tests.real_engine.tiny_model import use_engine_environment
 
 use_engine_environment()
@@ -289,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{'–' if baseline is None else f'{baseline:.2f}':>12} "
             f"{'–' if ratio is None else f'{ratio:.2f}':>6}"
         )
-    return 0
+    return 1 if failed(rows) else 0
 
 
 if __name__ == "__main__":

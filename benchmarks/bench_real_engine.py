@@ -53,7 +53,7 @@ from tests.real_engine.tiny_model import use_engine_environment
 
 use_engine_environment()
 
-from benchmarks.paired import met, spread, target_table  # noqa: E402
+from benchmarks.paired import failed, met, spread, target_table  # noqa: E402
 
 PROMPT = "hello world"
 LONG_PROMPT = "omni stage " * 256
@@ -838,7 +838,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     print()
     print(target_table(rows))
-    return 0
+    return 1 if failed(rows) else 0
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import sys
 import timeit
 from collections.abc import Callable, Iterable
 
+from benchmarks.paired import failed
 from tests.errors.sanitize_corpus import BENIGN, SECRET_CASES
 from tests.errors.secret_rules import rule_corpus
 from vllm_omni.errors import sanitize
@@ -193,7 +194,7 @@ def main() -> int:
             f"{row['benchmark']:<52} {row['ours']:>9.2f} {row['baseline']:>9.2f} "
             f"{row['ratio']:>6.3f}  {row['unit']}"
         )
-    return 0 if all(row.get("ok", True) for row in rows) else 1
+    return 1 if failed(rows) else 0
 
 
 if __name__ == "__main__":

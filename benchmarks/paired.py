@@ -12,7 +12,9 @@ machine agree within a few percent.
 It also owns the targets' notation (``"<= 1.10"``, ``">= 0.98"``) and the
 compact table of (metric, ratio, spread, target, met) that every benchmark
 prints for ``docs/performance.md``. Targets are printed, never asserted: a
-missed one is information, not a failure.
+missed one is information, not a failure. Correctness rows (``ok``: nothing
+lost, recall, the soak's reconciliation) are the opposite: ``failed`` names
+them, and every entry point exits non-zero on one, ``--quick`` included.
 """
 
 from __future__ import annotations
@@ -21,7 +23,15 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Spread", "met", "spread", "table", "target_rows", "target_table"]
+__all__ = [
+    "Spread",
+    "failed",
+    "met",
+    "spread",
+    "table",
+    "target_rows",
+    "target_table",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,3 +121,8 @@ def table(
         for cells in body
     ]
     return "\n".join(lines)
+
+
+def failed(rows: Iterable[dict[str, object]]) -> list[str]:
+    """The benchmarks of the correctness rows that failed (``ok`` False)."""
+    return [str(row.get("benchmark")) for row in rows if row.get("ok") is False]

@@ -49,3 +49,17 @@ def test_every_benchmark_module_is_run_somewhere() -> None:
     helpers = {"__init__", "__main__", "paired", "breakdown"}
     modules = {p.stem for p in (ROOT / "benchmarks").glob("*.py")} - helpers
     assert modules == set(MODULES) | set(REAL_ENGINE)
+
+
+def test_quick_fails_when_a_correctness_row_fails(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``python -m benchmarks --quick`` (CI) fails on a wrong correctness row,
+    shown with a deliberately wrong expectation: a recall above 100 %."""
+    from benchmarks import bench_sanitize
+    from benchmarks.__main__ import main
+
+    assert main(["--quick", "--only", "bench_sanitize"]) == 0
+    monkeypatch.setattr(bench_sanitize, "_RECALL_GOAL", 100.5)
+    assert main(["--quick", "--only", "bench_sanitize"]) == 1
+    assert "correctness row failed: secret recall" in capsys.readouterr().err

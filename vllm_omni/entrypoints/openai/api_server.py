@@ -164,6 +164,7 @@ async def run_server(args: argparse.Namespace, engine: AsyncOmni) -> int:
     try:
         app = build_app(args)
         await init_app_state(app, engine, args)
+        _freeze_heap()
         config = uvicorn.Config(
             app,
             host=args.host,
@@ -203,10 +204,8 @@ async def run_server(args: argparse.Namespace, engine: AsyncOmni) -> int:
         engine.shutdown()
 
 
-async def _freeze_when_warm(app: FastAPI) -> None:
-    """Leave the start-up heap out of every later collection, once what
-    start-up leaves to threads is built: upstream's launcher module, the
-    sanitizer's rule set, the served ``/openapi.json``.
+def _freeze_heap() -> None:
+    """Leave every object alive now out of later garbage collections.
 
     Like ``vllm serve`` (upstream's ``freeze_gc_heap``): a full collection
     walks every object vLLM, torch and the app created at start-up, and held
@@ -215,14 +214,21 @@ async def _freeze_when_warm(app: FastAPI) -> None:
     collection here would be one such pause, to free a few dozen objects
     (measured), which stay frozen instead.
     """
+    gc.collect(0)
+    gc.collect(1)
+    gc.freeze()
+
+
+async def _freeze_when_warm(app: FastAPI) -> None:
+    """Freeze again once what start-up leaves to threads is built: upstream's
+    launcher module, the sanitizer's rule set, the served ``/openapi.json``
+    (seconds on a loaded host, while requests are already served)."""
     await asyncio.to_thread(launcher)
     await asyncio.to_thread(warm_rule_set().join)
     built: asyncio.Task[Any] | None = getattr(app.state, "openapi_task", None)
     if built is not None:
         await asyncio.wait([built])
-    gc.collect(0)
-    gc.collect(1)
-    gc.freeze()
+    _freeze_heap()
     logger.debug("start-up heap frozen: %d objects", gc.get_freeze_count())
 
 
