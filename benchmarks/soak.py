@@ -79,13 +79,20 @@ import httpx
 import jsonschema_rs
 import psutil
 import websockets
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 # The e2e helpers live in the repo's tests package; a script run has only
 # benchmarks/ on the path.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.e2e.omni_server import FAULTS, OmniServer, start_server, write_pipeline
+from tests.e2e.omni_server import (
+    FAULTS,
+    REFERENCE_STAGES,
+    OmniServer,
+    start_server,
+    write_pipeline,
+)
 
 CONCURRENCY = 32
 WARMUP_REQUESTS = 200
@@ -97,7 +104,7 @@ QUICK_SCALE = 0.2
 # Warm-up, run, listing and metric settling; the server start is bounded apart.
 HARD_TIMEOUT_S = 150.0
 READY_TIMEOUT_S = 120.0
-# A Ray instance and one actor per stage, each importing vLLM.
+# A Ray instance and one actor per stage, each importing vLLM; a real engine.
 RAY_READY_TIMEOUT_S = 300.0
 SETTLE_TIMEOUT_S = 10.0
 RSS_SETTLE_S = 2.0
@@ -160,10 +167,52 @@ class Record:
         return len(self.statuses) + self.ws_events
 
 
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """What the soak runs against: the reference stages, or the real engine
+    (vLLM's CPU build, the tiny model) as the text stage, in the
+    orchestrator's process or in a stage process; on either worker backend."""
+
+    engine: str = "reference"
+    placement: str = "process"
+    worker_backend: str = "multi_process"
+
+    @property
+    def real(self) -> bool:
+        return self.engine == "real"
+
+    @property
+    def fault_stage(self) -> int:
+        """Where the text path's fault drills aim: the thinker, except for a
+        ``vllm`` thinker in process (a drill aimed at a stage moves it out of
+        the orchestrator's process), where the guardrail before it fails."""
+        return 0 if self.real and self.placement == "in_process" else 1
+
+    def long_reply(self) -> dict[str, Any]:
+        """A chat (or realtime response) still running when the client cuts it
+        after its first text: the reference thinker echoes a long prompt; the
+        tiny model's context is 128 tokens, done before a cut lands, so its
+        text is followed by audio from a talker that hangs."""
+        if self.real:
+            return {
+                "prompt": "hello @talkhang",
+                "max_tokens": 8,
+                "modalities": ["text", "audio"],
+            }
+        return {"prompt": LONG_PROMPT, "max_tokens": 4096}
+
+    @property
+    def wall_limit_s(self) -> float:
+        """Server start, warm-up, mix, burst and stop: a Ray instance and its
+        actors, or a real engine, take minutes to start on two cores."""
+        return 180.0 if self.worker_backend != "ray" and not self.real else 360.0
+
+
 @dataclass(slots=True)
 class Ctx:
     http: httpx.AsyncClient
     ws_url: str
+    profile: Profile = field(default_factory=lambda: Profile())
     job_ids: list[str] = field(default_factory=list)
 
 
@@ -385,7 +434,8 @@ def _stream(body: dict[str, Any], spec: Spec | None = None) -> Action:
 
 async def _cut_stream(ctx: Ctx, rec: Record) -> str:
     """Open a long stream, read one chunk, hang up (closes the connection)."""
-    body = _chat(LONG_PROMPT, max_tokens=4096, stream=True)
+    long = dict(ctx.profile.long_reply())
+    body = _chat(long.pop("prompt"), stream=True, **long)
     async with ctx.http.stream("POST", CHAT, json=body) as response:
         if response.status_code != 200:
             await response.aread()
@@ -393,7 +443,9 @@ async def _cut_stream(ctx: Ctx, rec: Record) -> str:
         rec.statuses.append(200)
         async for line in response.aiter_lines():
             if line.startswith("data: "):
-                if "error" in line or "[DONE]" in line:
+                data = line.removeprefix("data: ")
+                # A real model's text may say "error": only the event's keys do.
+                if data == "[DONE]" or "error" in json.loads(data):
                     return line
                 rec.cuts += 1
                 return "cut"
@@ -601,7 +653,7 @@ async def _ws_fault_session(ctx: Ctx, rec: Record) -> str:
         if (await _ws_recv(ws)).get("type") != "session.created":
             rec.problems.append("ws: no session.created")
         first = await _ws_response(ws, rec, "e1", "hello there")
-        spec = Spec("InternalServerError", None, 1)
+        spec = Spec("InternalServerError", None, ctx.profile.fault_stage)
         second = await _ws_response(ws, rec, "e2", "please @boom", spec)
         try:
             extra = await _ws_recv(ws)
@@ -616,7 +668,8 @@ async def _ws_cut_session(ctx: Ctx, rec: Record) -> str:
     async with websockets.connect(ctx.ws_url, open_timeout=10, close_timeout=5) as ws:
         if (await _ws_recv(ws)).get("type") != "session.created":
             rec.problems.append("ws: no session.created")
-        create = {"instructions": LONG_PROMPT, "max_tokens": 4096}
+        long = dict(ctx.profile.long_reply())
+        create = {"instructions": long.pop("prompt"), **long}
         await _ws_send(ws, rec, {"type": "response.create", "response": create})
         while (kind := (await _ws_recv(ws)).get("type")) == "response.created":
             pass
@@ -642,163 +695,188 @@ async def _ws_hang_up(ctx: Ctx, rec: Record) -> str:
 
 # -- the mix -----------------------------------------------------------------------
 
-BOOM = Spec("InternalServerError", None, 1)
 
-MIX: tuple[Kind, ...] = (
-    Kind(
-        "chat",
-        1700,
-        "http 200",
-        _post(CHAT, _chat("hello there"), valid=_chat_reply("You said: hello there")),
-    ),
-    Kind("chat stream", 800, "sse [DONE]", _stream(_chat("hello there", stream=True))),
-    Kind(
-        "speech",
-        400,
-        "http 200",
-        _post(
-            "/v1/audio/speech", {"input": "hello world", "voice": "alloy"}, valid=_wav
-        ),
-    ),
-    Kind(
-        "image",
-        300,
-        "http 200",
-        _post(
-            "/v1/images/generations",
-            {"prompt": "a red fox", "size": "64x64"},
-            valid=_png,
-        ),
-    ),
-    Kind(
-        "400 invalid temperature",
-        200,
-        "http 400",
-        _post(
-            CHAT, _chat("hi", temperature=9), Spec("BadRequestError", "temperature", 1)
-        ),
-    ),
-    Kind(
-        "400 empty messages",
-        100,
-        "http 400",
-        _post(CHAT, {"messages": []}, Spec("BadRequestError", "messages")),
-    ),
-    Kind(
-        "404 unknown model",
-        150,
-        "http 404",
-        _post(CHAT, _chat("hi", model="nope"), Spec("NotFoundError", "model")),
-    ),
-    Kind(
-        "404 unknown voice",
-        150,
-        "http 404",
-        _post(
-            "/v1/audio/speech",
-            {"input": "hi", "voice": "nobody"},
-            Spec("NotFoundError", None, 2),
-        ),
-    ),
-    Kind(
-        "400 guardrail",
-        150,
-        "http 400",
-        _post(
-            CHAT,
-            _chat("tell me about forbidden-topic"),
-            Spec("GuardrailViolationError", None, 0),
-        ),
-    ),
-    Kind("422 undecodable image edit", 100, "http 422", _bad_image_edit),
-    Kind(
-        "404 unknown route",
-        150,
-        "http 404",
-        _call("GET", "/v1/nope", Spec("NotFoundError")),
-    ),
-    Kind(
-        "405 wrong method",
-        150,
-        "http 405",
-        _call("GET", CHAT, Spec("MethodNotAllowedError")),
-    ),
-    Kind("500 stage fault", 150, "http 500", _post(CHAT, _chat("x @boom"), BOOM)),
-    Kind(
-        "500 stage fault, stream",
-        50,
-        "http 500",
-        _stream(_chat("x @boom", stream=True), BOOM),
-    ),
-    Kind(
-        "500 talker fault mid-stream",
-        100,
-        "sse error 500 + [DONE]",
-        _stream(
-            _chat("x y z @talkboom", stream=True, modalities=["text", "audio"]),
-            Spec("InternalServerError", None, 2),
-        ),
-    ),
-    Kind(
-        "504 stage timeout",
-        20,
-        "http 504",
-        _post(CHAT, _chat("x @hang"), Spec("GatewayTimeoutError", None, 1)),
-    ),
-    Kind("stream cut by client", 200, "cut", _cut_stream),
-    Kind(
-        "hang-up before the response, chat",
-        40,
-        "hung up",
-        _hang_up(CHAT, _chat("x @hang")),
-    ),
-    Kind(
-        "hang-up before the first chunk, stream",
-        40,
-        "hung up",
-        _hang_up(CHAT, _chat("x @hang", stream=True)),
-    ),
-    Kind(
-        "hang-up before the response, speech",
-        20,
-        "hung up",
-        _hang_up("/v1/audio/speech", {"input": "x @talkhang", "voice": "alloy"}),
-    ),
-    Kind("hang-up mid-upload, video", 20, "hung up", _cut_upload),
-    Kind(
-        "500 stage raises CancelledError",
-        30,
-        "http 500",
-        _post(CHAT, _chat("x @cancel"), BOOM),
-    ),
-    Kind(
-        "ws session",
-        250,
-        "done,rejected error 400,rejected error 400,done",
-        _ws_session,
-    ),
-    Kind("ws session, stage fault", 50, "done,error 500 close 1011", _ws_fault_session),
-    Kind("ws session cut by client", 50, "cut", _ws_cut_session),
-    Kind("hang-up before the first delta, ws", 40, "hung up", _ws_hang_up),
-    Kind(
-        "video job, creator hangs up once accepted",
-        20,
-        "job completed",
-        _video_job("a fox in the rain", hang_up=True),
-    ),
-    Kind("video job", 85, "job completed", _video_job("a fox in the snow")),
-    Kind(
-        "video job, stage fault",
-        15,
-        "job failed 500",
-        _video_job("a fox @vboom", Spec("InternalServerError", None, 5)),
-    ),
-)
+def _any_reply(response: httpx.Response) -> bool:
+    """A real model's answer: any text (empty too), finished normally."""
+    choice = response.json()["choices"][0]
+    finished = choice["finish_reason"] in ("stop", "length")
+    return finished and isinstance(choice["message"]["content"], str)
 
 
-def plan(scale: float, seed: int) -> list[Kind]:
+def mix(profile: Profile) -> tuple[Kind, ...]:
+    """The operations of the soak and how many of each (at scale 1)."""
+    boom = Spec("InternalServerError", None, profile.fault_stage)
+    reply = _any_reply if profile.real else _chat_reply("You said: hello there")
+    return (
+        Kind(
+            "chat",
+            1700,
+            "http 200",
+            _post(CHAT, _chat("hello there"), valid=reply),
+        ),
+        Kind(
+            "chat stream", 800, "sse [DONE]", _stream(_chat("hello there", stream=True))
+        ),
+        Kind(
+            "speech",
+            400,
+            "http 200",
+            _post(
+                "/v1/audio/speech",
+                {"input": "hello world", "voice": "alloy"},
+                valid=_wav,
+            ),
+        ),
+        Kind(
+            "image",
+            300,
+            "http 200",
+            _post(
+                "/v1/images/generations",
+                {"prompt": "a red fox", "size": "64x64"},
+                valid=_png,
+            ),
+        ),
+        Kind(
+            "400 invalid temperature",
+            200,
+            "http 400",
+            _post(
+                CHAT,
+                _chat("hi", temperature=9),
+                Spec("BadRequestError", "temperature", 1),
+            ),
+        ),
+        Kind(
+            "400 empty messages",
+            100,
+            "http 400",
+            _post(CHAT, {"messages": []}, Spec("BadRequestError", "messages")),
+        ),
+        Kind(
+            "404 unknown model",
+            150,
+            "http 404",
+            _post(CHAT, _chat("hi", model="nope"), Spec("NotFoundError", "model")),
+        ),
+        Kind(
+            "404 unknown voice",
+            150,
+            "http 404",
+            _post(
+                "/v1/audio/speech",
+                {"input": "hi", "voice": "nobody"},
+                Spec("NotFoundError", None, 2),
+            ),
+        ),
+        Kind(
+            "400 guardrail",
+            150,
+            "http 400",
+            _post(
+                CHAT,
+                _chat("tell me about forbidden-topic"),
+                Spec("GuardrailViolationError", None, 0),
+            ),
+        ),
+        Kind("422 undecodable image edit", 100, "http 422", _bad_image_edit),
+        Kind(
+            "404 unknown route",
+            150,
+            "http 404",
+            _call("GET", "/v1/nope", Spec("NotFoundError")),
+        ),
+        Kind(
+            "405 wrong method",
+            150,
+            "http 405",
+            _call("GET", CHAT, Spec("MethodNotAllowedError")),
+        ),
+        Kind("500 stage fault", 150, "http 500", _post(CHAT, _chat("x @boom"), boom)),
+        Kind(
+            "500 stage fault, stream",
+            50,
+            "http 500",
+            _stream(_chat("x @boom", stream=True), boom),
+        ),
+        Kind(
+            "500 talker fault mid-stream",
+            100,
+            "sse error 500 + [DONE]",
+            _stream(
+                _chat("x y z @talkboom", stream=True, modalities=["text", "audio"]),
+                Spec("InternalServerError", None, 2),
+            ),
+        ),
+        Kind(
+            "504 stage timeout",
+            20,
+            "http 504",
+            _post(
+                CHAT,
+                _chat("x @hang"),
+                Spec("GatewayTimeoutError", None, profile.fault_stage),
+            ),
+        ),
+        Kind("stream cut by client", 200, "cut", _cut_stream),
+        Kind(
+            "hang-up before the response, chat",
+            40,
+            "hung up",
+            _hang_up(CHAT, _chat("x @hang")),
+        ),
+        Kind(
+            "hang-up before the first chunk, stream",
+            40,
+            "hung up",
+            _hang_up(CHAT, _chat("x @hang", stream=True)),
+        ),
+        Kind(
+            "hang-up before the response, speech",
+            20,
+            "hung up",
+            _hang_up("/v1/audio/speech", {"input": "x @talkhang", "voice": "alloy"}),
+        ),
+        Kind("hang-up mid-upload, video", 20, "hung up", _cut_upload),
+        Kind(
+            "500 stage raises CancelledError",
+            30,
+            "http 500",
+            _post(CHAT, _chat("x @cancel"), boom),
+        ),
+        Kind(
+            "ws session",
+            250,
+            "done,rejected error 400,rejected error 400,done",
+            _ws_session,
+        ),
+        Kind(
+            "ws session, stage fault",
+            50,
+            "done,error 500 close 1011",
+            _ws_fault_session,
+        ),
+        Kind("ws session cut by client", 50, "cut", _ws_cut_session),
+        Kind("hang-up before the first delta, ws", 40, "hung up", _ws_hang_up),
+        Kind(
+            "video job, creator hangs up once accepted",
+            20,
+            "job completed",
+            _video_job("a fox in the rain", hang_up=True),
+        ),
+        Kind("video job", 85, "job completed", _video_job("a fox in the snow")),
+        Kind(
+            "video job, stage fault",
+            15,
+            "job failed 500",
+            _video_job("a fox @vboom", Spec("InternalServerError", None, 5)),
+        ),
+    )
+
+
+def plan(kinds: tuple[Kind, ...], scale: float, seed: int) -> list[Kind]:
     """Every planned operation, shuffled; ``scale`` multiplies each count (min 1)."""
-    ops = [k for k in MIX for _ in range(max(1, round(k.count * scale)))]
+    ops = [k for k in kinds for _ in range(max(1, round(k.count * scale)))]
     random.Random(seed).shuffle(ops)
     return ops
 
@@ -1126,17 +1204,21 @@ def _rss(pid: int) -> tuple[int, int]:
     return int(process.memory_info().rss), int(stages)
 
 
-async def _soak(server: OmniServer, report: Report, scale: float, seed: int) -> None:
+async def _soak(
+    server: OmniServer, report: Report, scale: float, seed: int, profile: Profile
+) -> None:
     limits = httpx.Limits(
         max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY
     )
     async with httpx.AsyncClient(
         base_url=server.base_url, limits=limits, timeout=REQUEST_TIMEOUT_S
     ) as http:
-        ctx = Ctx(http, server.base_url.replace("http://", "ws://") + "/v1/realtime")
-        total = sum(k.count for k in MIX)
-        warm_ops = plan(scale * WARMUP_REQUESTS / total, seed + 1)
-        run_ops = plan(scale, seed)
+        ws_url = server.base_url.replace("http://", "ws://") + "/v1/realtime"
+        ctx = Ctx(http, ws_url, profile)
+        kinds = mix(profile)
+        total = sum(k.count for k in kinds)
+        warm_ops = plan(kinds, scale * WARMUP_REQUESTS / total, seed + 1)
+        run_ops = plan(kinds, scale, seed)
         load_schemas((await http.get("/openapi.json")).json())
 
         start = await server_counts(http)
@@ -1170,7 +1252,7 @@ async def _soak(server: OmniServer, report: Report, scale: float, seed: int) -> 
     report.requests = sum(r.requests for r in records)
     report.outcomes = Counter(r.observed for r in planned)
     report.log_expected = expected_log(warm + records)
-    for kind in MIX:
+    for kind in kinds:
         mine = [r for r in planned if r.kind == kind.name]
         seen = sum(r.observed == kind.expected for r in mine)
         report.equal(f"{kind.name}: {kind.expected}", len(mine), seen)
@@ -1212,22 +1294,54 @@ async def _soak(server: OmniServer, report: Report, scale: float, seed: int) -> 
         )
 
 
+def _real_thinker(placement: str) -> dict[str, Any]:
+    """The real-engine pipeline's text stage: the tiny model on vLLM's CPU
+    build (the real-engine environment), as tests/real_engine serves it."""
+    from tests.real_engine.tiny_model import build_tiny_model, use_engine_environment
+
+    use_engine_environment()
+    template = Path(__file__).resolve().parents[1] / "tests/real_engine/tiny-vllm.yaml"
+    stages = yaml.safe_load(template.read_text())["stages"]
+    stage: dict[str, Any] = next(s for s in stages if s["kind"] == "vllm")
+    stage["options"]["engine_args"]["model"] = str(build_tiny_model())
+    # Under load a real decode takes seconds; @hang still waits the whole of it.
+    return {**stage, "id": 1, "timeout_s": 10, "in_process": placement == "in_process"}
+
+
+def _pipeline(directory: Path, profile: Profile) -> Path:
+    faults = [*FAULTS, VIDEO_FAULT, CANCEL_FAULT]
+    if not profile.real:
+        return write_pipeline(directory, faults=faults)
+    moved = [
+        {**f, "stage": profile.fault_stage} if f["stage"] == 1 else f for f in faults
+    ]
+    stages = [
+        _real_thinker(profile.placement) if s["id"] == 1 else s
+        for s in REFERENCE_STAGES
+    ]
+    return write_pipeline(directory, stages=stages, faults=moved)
+
+
 def soak(
     scale: float = 1.0,
     seed: int = 0,
     *,
     keep: bool = False,
-    worker_backend: str = "multi_process",
+    profile: Profile | None = None,
 ) -> Report:
     """Start the server, soak it, stop it; the report says what matched.
 
-    ``worker_backend="ray"``: the stages run as Ray actors on a Ray instance
-    the server starts on 127.0.0.1 (its processes count as stage processes).
+    ``profile.worker_backend="ray"``: the stages run as Ray actors on a Ray
+    instance the server starts on 127.0.0.1 (its processes count as stage
+    processes). ``profile.engine="real"`` (in the real-engine environment):
+    the tiny model on vLLM's CPU build is the text stage.
     """
+    profile = profile or Profile()
+    worker_backend = profile.worker_backend
     report = Report()
     began = time.monotonic()
     directory = Path(tempfile.mkdtemp(prefix="vllm-omni-soak-"))
-    pipeline = write_pipeline(directory, faults=[*FAULTS, VIDEO_FAULT, CANCEL_FAULT])
+    pipeline = _pipeline(directory, profile)
     server = start_server(
         directory,
         pipeline,
@@ -1241,10 +1355,12 @@ def soak(
     )
     try:
         server.wait_ready(
-            RAY_READY_TIMEOUT_S if worker_backend == "ray" else READY_TIMEOUT_S
+            READY_TIMEOUT_S if profile.wall_limit_s < 360 else RAY_READY_TIMEOUT_S
         )
         asyncio.run(
-            asyncio.wait_for(_soak(server, report, scale, seed), HARD_TIMEOUT_S)
+            asyncio.wait_for(
+                _soak(server, report, scale, seed, profile), HARD_TIMEOUT_S
+            )
         )
     except TimeoutError:
         report.check(
@@ -1267,8 +1383,7 @@ def soak(
     ):
         report.equal(f"server log: {name}", report.log_expected[name], logged[name])
     report.equal("server exit code after SIGTERM", 0, server.proc.returncode)
-    # A Ray instance and its actors take longer to start (RAY_READY_TIMEOUT_S).
-    wall = 360 if worker_backend == "ray" else 180
+    wall = profile.wall_limit_s
     report.check(
         "total wall time incl. server start (s)",
         f"< {wall}",
@@ -1337,11 +1452,24 @@ def main() -> int:
         default="multi_process",
         help="where the stages run (vllm-omni serve --worker-backend)",
     )
+    parser.add_argument(
+        "--engine",
+        choices=("reference", "real"),
+        default="reference",
+        help="real: the tiny model on vLLM's CPU build as the text stage "
+        "(run in the real-engine environment)",
+    )
+    parser.add_argument(
+        "--placement",
+        choices=("in_process", "process"),
+        default="process",
+        help="with --engine real: the vllm stage in the orchestrator's "
+        "process or in a stage process",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the server log")
     args = parser.parse_args()
-    report = soak(
-        args.scale, args.seed, keep=args.keep, worker_backend=args.worker_backend
-    )
+    profile = Profile(args.engine, args.placement, args.worker_backend)
+    report = soak(args.scale, args.seed, keep=args.keep, profile=profile)
     print(table(report))
     print()
     print(summary(report))
