@@ -100,9 +100,13 @@ def test_the_vendor_rule_is_triggered_by_each_prefix_it_matches() -> None:
     )
 
 
-# A GitHub fine-grained token as GitHub issues it: ``github_pat_`` and 82
-# characters, none of them making a "gh" the old trigger needed.
-GITHUB_PAT = "github_pat_11ABCDE2Q0" + "xY7kLm3NpQ9rStUvWz1A" * 3 + "bcdefZ1234_a"
+# A GitHub fine-grained token as GitHub issues it: ``github_pat_``, 22
+# characters, ``_`` and 59 more, none of them making a "gh" the old trigger
+# needed (and no run long enough for the base64 rule to take it instead).
+GITHUB_PAT = (
+    "github_pat_11ABCDE2Q0xY7kLm3NpQ9r_StUvWz1AxY7kLm3NpQ9rStUvWz1AxY7kLm3NpQ9r"
+    "StUvWz1AxY7kLm3NpQ9"
+)
 HEX_TOKEN = "9f3a1c7e5b2d4f60"
 
 
