@@ -199,6 +199,21 @@ _VENDOR_PREFIXES: tuple[tuple[str, str], ...] = (
     ),
     ("AIza", r"[0-9A-Za-z_-]{30,}"),
     ("ya29.", r"[A-Za-z0-9_.-]{6,}"),
+    # Formats their providers publish that detect-secrets has no plugin for
+    # (the provider-format corpus, tests/errors/provider_tokens.py, found them).
+    ("xapp-", r"[0-9]-[A-Z0-9]{6,}-[0-9]{6,}-[a-f0-9]{32,}"),
+    ("whsec_", r"[A-Za-z0-9+/=]{24,}"),
+    ("npm_", r"[A-Za-z0-9]{36,}"),
+    *((f"do{kind}_v1_", r"[a-f0-9]{64,}") for kind in "por"),
+    *((f"shp{kind}_", r"[a-fA-F0-9]{32,}") for kind in ("at", "ca", "pa", "ss")),
+    ("dapi", r"[a-f0-9]{32,}"),
+    ("lin_api_", r"[A-Za-z0-9]{40,}"),
+    ("PMAK-", r"[a-f0-9]{24}-[a-f0-9]{34,}"),
+    ("glsa_", r"[A-Za-z0-9]{32}_[A-Fa-f0-9]{8}"),
+    ("glc_", r"[A-Za-z0-9+/]{32,}={0,2}"),
+    ("r8_", r"[A-Za-z0-9]{37,}"),
+    ("gsk_", r"[A-Za-z0-9]{52,}"),
+    ("pplx-", r"[A-Za-z0-9]{48,}"),
 )
 _VENDOR_TOKEN = (
     r"\b(?:"
