@@ -142,3 +142,15 @@ def test_both_leaked_classes_are_redacted(text: str, expected: str | None) -> No
         if expected is not None:
             assert out == expected
         assert "<redacted>" in out
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(
+    st.lists(st.text("ab:/-_x", min_size=1, max_size=5), min_size=1, max_size=8),
+    st.text("ab:/-_xy", max_size=30),
+)
+def test_the_trie_finds_any_literal_exactly(literals: list[str], text: str) -> None:
+    """The prefilter's one scan for any trigger, built as a trie, finds one
+    exactly when one of the literals occurs."""
+    found = re.search(sanitize._any_of(literals), text) is not None
+    assert found == any(literal in text for literal in literals)
