@@ -23,12 +23,15 @@ set was added, "baseline"):
   has a cost row of its own.
 
 ``python benchmarks/bench_sanitize.py`` prints the rows; ``run()`` returns
-them for ``python -m benchmarks``.
+them for ``python -m benchmarks``. ``--against PATH/sanitize.py`` compares
+the benign-corpus cost with another tree's sanitizer instead (``against``).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import statistics
 import sys
 import timeit
 from collections.abc import Callable, Iterable
@@ -226,8 +229,55 @@ def run(quick: bool = False) -> list[dict[str, object]]:
     ]
 
 
+def against(path: str, rounds: int = 300) -> list[dict[str, object]]:
+    """This tree's sanitizer against another tree's ``sanitize.py`` (say,
+    main's before a change) on the benign corpus, in this process: each
+    round times both back to back, in alternating order, and the row is the
+    median of the rounds' ratios, which a loaded machine moves far less than
+    a best-of-N figure."""
+    spec = importlib.util.spec_from_file_location("baseline_sanitize", path)
+    assert spec is not None and spec.loader is not None, path
+    baseline = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = baseline
+    spec.loader.exec_module(baseline)
+    rows: list[dict[str, object]] = []
+    for name, unit in (("sanitize_message", "message"), ("redact_credentials", "line")):
+        pair = []
+        for module in (sanitize, baseline):
+            module._table()
+            function, clean = getattr(module, name), module._CLEAN
+
+            def each(
+                function: Callable[[str], str] = function, clean: dict = clean
+            ) -> None:
+                for text in BENIGN:
+                    clean.clear()
+                    function(text)
+
+            pair.append(each)
+        times: tuple[list[float], list[float]] = ([], [])
+        for index in range(rounds):
+            for side in (0, 1) if index % 2 else (1, 0):
+                times[side].append(timeit.timeit(pair[side], number=1))
+        ratios = [ours / theirs for ours, theirs in zip(*times, strict=True)]
+        rows.append(
+            {
+                "benchmark": f"{name}, benign only ({len(BENIGN)} messages)",
+                "ours": statistics.median(times[0]) * 1e6 / len(BENIGN),
+                "baseline": statistics.median(times[1]) * 1e6 / len(BENIGN),
+                "ratio": statistics.median(ratios),
+                "unit": f"us/{unit} (vs {path}, median of {rounds} paired rounds)",
+            }
+        )
+    return rows
+
+
 def main() -> int:
-    rows = run()
+    # ``--against PATH``: compare with another tree's sanitize.py instead.
+    if len(sys.argv) == 3 and sys.argv[1] == "--against":
+        rows = against(sys.argv[2])
+    else:
+        rows = run()
     for row in rows:
         print(
             f"{row['benchmark']:<52} {row['ours']:>9.2f} {row['baseline']:>9.2f} "
