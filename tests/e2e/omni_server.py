@@ -30,6 +30,15 @@ REFERENCE_STAGES: list[dict[str, Any]] = [
     {"id": 5, "name": "video", "kind": "video", "timeout_s": 60},
 ]
 
+# The two classes an independent corpus found leaking (issue 40): a GitHub
+# fine-grained token as GitHub issues it (82 characters after the prefix, no
+# "gh" among them) and a hex token after a weak name (``token: …``).
+LEAK_GITHUB_PAT = (
+    "github_pat_11LEAK0Q00xY7kLm3NpQ9r_StUvWz1AxY7kLm3NpQ9rStUvWz1AxY7kLm3NpQ9r"
+    "StUvWz1AxY7kLm3LEAK"
+)
+LEAK_HEX_TOKEN = "5e1f0a9c3b7d2e48"
+
 # Private things a careless error message could carry. None may reach a
 # client, a job store, an INFO log line or a metric label.
 LEAK_SECRETS: tuple[str, ...] = (
@@ -46,6 +55,8 @@ LEAK_SECRETS: tuple[str, ...] = (
     "eyJhbGciOiJIUzI1NiJ9.leak",
     "iVBORw0KGgoAAAANSUhEUg",
     "0x7f3a9c2b1d40",
+    LEAK_GITHUB_PAT,
+    LEAK_HEX_TOKEN,
 )
 LEAK_TEXT = (
     'Traceback (most recent call last):\n  File "/srv/omni/stages/text.py", line 9,'
@@ -54,7 +65,8 @@ LEAK_TEXT = (
     " key sk-proj-LEAKLEAK42, aws AKIALEAKLEAKLEAK4242, password=hunter2-password,"
     " url https://bob:s3cr3t@example.com/x, Authorization: Bearer"
     " eyJhbGciOiJIUzI1NiJ9.leak, image data:image/png;base64,iVBORw0KGgoAAAANSUhEUg"
-    "AAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk, object <Tensor at 0x7f3a9c2b1d40>"
+    "AAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk, object <Tensor at 0x7f3a9c2b1d40>,"
+    f" github {LEAK_GITHUB_PAT}, config token: {LEAK_HEX_TOKEN}"
 )
 
 # Credentials a failure's own text carries (issue 24): none may reach a log
@@ -68,6 +80,9 @@ LOG_SECRETS: tuple[str, ...] = (
     "eyJhbGciOiJIUzI1NiJ9.logleak",
     "ghp_LOGLOGLOGLOGLOGLOGLOGLOGLOGLOGLOGLOG42",
     "xoxb-1234567890-LOGLOGslack",
+    "github_pat_11LOG00Q00xY7kLm3NpQ9r_StUvWz1AxY7kLm3NpQ9rStUvWz1AxY7kLm3NpQ9r"
+    "StUvWz1AxY7kLm3NLOG",
+    "a4c9e2f7b1d83065",
 )
 LOG_SECRET_PATH = "/home/alice/.hf/token"
 LOG_SECRET_TEXT = (
@@ -75,7 +90,14 @@ LOG_SECRET_TEXT = (
     f" aws {LOG_SECRETS[2]}, password={LOG_SECRETS[3]},"
     f" url https://bob:{LOG_SECRETS[4]}@example.com/x,"
     f" Authorization: Bearer {LOG_SECRETS[5]}, github {LOG_SECRETS[6]},"
-    f" slack {LOG_SECRETS[7]}"
+    f" slack {LOG_SECRETS[7]}, fine-grained {LOG_SECRETS[8]},"
+    f" config token: {LOG_SECRETS[9]}"
+)
+# The issue-40 classes in a text with no "gh" anywhere, as the prefilter
+# once needed to skip the vendor rule for a fine-grained GitHub token.
+LOG_FINE_GRAINED_TEXT = (
+    f"failed reading {LOG_SECRET_PATH}: token {LOG_SECRETS[0]},"
+    f" fine-grained {LOG_SECRETS[8]}, config token: {LOG_SECRETS[9]}"
 )
 
 # Markers a prompt can carry to make a stage misbehave (tests and drills).
@@ -132,7 +154,7 @@ FAULTS: list[dict[str, Any]] = [
         "marker": "@vlogsecret",
         "action": "raise",
         "exception": "builtins:RuntimeError",
-        "args": [LOG_SECRET_TEXT],
+        "args": [LOG_FINE_GRAINED_TEXT],
     },
     # Leak probes: explicit semantic errors whose *public* text carries
     # secrets, paths, a traceback and media; the sanitizer must strip them.

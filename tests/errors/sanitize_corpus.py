@@ -300,6 +300,24 @@ BENIGN: tuple[str, ...] = (
     "password_min_length=12 is enforced by the identity provider",
     "sha256 of the weights: "
     "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+    # a weak secret name, a colon and prose after it (issue 40): only a
+    # value shaped like a credential goes
+    "token: <|endoftext|> is not a special token of this tokenizer",
+    "token: 128000 is the id of <|begin_of_text|>",
+    "token: the prompt ends inside a multi-byte character",
+    "key: model.layers.0.self_attn.q_proj.weight is missing from the checkpoint",
+    "Missing key: lm_head.weight",
+    "key: layer_12_attention_weights not found in the state dict",
+    "key: max_num_batched_tokens must be at least max_model_len",
+    "key: Qwen2VLForConditionalGeneration is not a registered architecture",
+    "key: response_format.json_schema.strict is not supported",
+    "Unknown key: speculative_config",
+    "token: Qwen2TokenizerFast cannot decode id 151643",
+    "sig: SIGTERM received, draining 3 requests",
+    "key: 2024-06-01 is not a valid date",
+    "token: 5f9c2b1e is an unknown request prefix",
+    "key: image_url.detail must be one of low, high, auto",
+    "token: gpt2 has no chat template",
 )
 
 

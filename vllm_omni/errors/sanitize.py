@@ -27,7 +27,7 @@ import dataclasses
 import functools
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from vllm_omni.errors.text import make_safe
 
@@ -59,7 +59,8 @@ _SECRET_NAMES = (
     *("signature", "sig"),
 )
 # Names specific enough that ``name: value`` (a log or YAML line) is also an
-# assignment; a bare ``key:`` or ``token:`` starts ordinary prose too often.
+# assignment; a bare ``key:`` or ``token:`` starts ordinary prose too often,
+# so after those only a value that looks like a token goes (``_TOKEN_VALUE``).
 _STRONG_NAMES = (
     *("api[_-]?key", "access[_-]?key", "secret[_-]?key", "private[_-]?key"),
     *("access[_-]?token", "auth[_-]?token", "refresh[_-]?token"),
@@ -70,6 +71,20 @@ _NAME_SUFFIX = r"(?:[_-][A-Za-z0-9]{1,32}){0,3}"
 _IDENT_START = r"(?<![A-Za-z0-9_.-])"
 _IDENT_PREFIX = r"[A-Za-z0-9_-]*?"
 _ASSIGNED_VALUE = r"(?:\"[^\"\n]*\"?|'[^'\n]*'?|[^\s,;&)\]}]+)"
+# A value that looks like a credential rather than a word of prose, as the
+# scanners' generic rules judge it (gitleaks' generic API key, detect-secrets'
+# high-entropy strings) by its shape: a whole token of 16 to 256 token
+# characters, starting with a letter or digit, one ``_``/``-``-separated run
+# of which is 12 or more long and mixes letters with two digits or more (hex
+# and base64 keys do; identifiers such as ``layer_12_attention`` or
+# ``Qwen2VLForConditionalGeneration`` do not). A dot ends the shape: dotted
+# names (``model.layers.31``) are prose, and JWTs have a rule of their own.
+_TOKEN_VALUE = (
+    r"[\"']?(?=[A-Za-z0-9])(?=[A-Za-z0-9+/=_-]{16,256}(?![A-Za-z0-9+/=_.~-]))"
+    r"(?=(?:[A-Za-z0-9+/=]*[_-])*?(?=[A-Za-z0-9+/=]{12})"
+    r"(?=[A-Za-z+/=]*[0-9][A-Za-z+/=]*[0-9])(?=[0-9+/=]*[A-Za-z]))"
+    r"[A-Za-z0-9+/=_-]+[\"']?"
+)
 # A small integer is a count or an index (``max_token=5``, ``sort_key=3``),
 # never a credential; a password-like name is redacted whatever its value.
 _COUNT_VALUE = re.compile(r"-?[0-9]{1,6}")
@@ -103,6 +118,10 @@ def _quoted_field(match: re.Match[str]) -> str:
     return head + '"<redacted>"'
 
 
+def _keyword_token(match: re.Match[str]) -> str:
+    return match.group("token_head") + "<redacted>"
+
+
 def _auth_header(match: re.Match[str]) -> str:
     return match.group("auth_head") + "<redacted>"
 
@@ -127,9 +146,12 @@ def _one_of(names: tuple[str, ...]) -> str:
     return f"(?=[{''.join(first)}])(?:{alternation})"
 
 
-def _name_rules(names: tuple[str, ...], strong: tuple[str, ...]) -> tuple[Rule, Rule]:
+def _name_rules(
+    names: tuple[str, ...], strong: tuple[str, ...]
+) -> tuple[Rule, Rule, Rule]:
     """The rules for a secret given by name; ``strong`` names are specific
-    enough to be followed by a colon as well as by ``=``."""
+    enough to be followed by a colon as well as by ``=``, the others by a
+    colon only when the value looks like a token."""
     names_re, strong_re = _one_of(names), _one_of(strong)
     return (
         (
@@ -149,8 +171,55 @@ def _name_rules(names: tuple[str, ...], strong: tuple[str, ...]) -> tuple[Rule, 
             rf"(?!<redacted>){_ASSIGNED_VALUE}",
             _assignment,
         ),
+        (
+            # ``token: 9f3a…`` in prose or a config dump: any secret name,
+            # a colon, and a value shaped like a credential (listed after
+            # ``assignment``, which takes the names it redacts whatever follows).
+            "keyword_token",
+            rf"(?P<token_head>{_IDENT_START}{_IDENT_PREFIX}(?:{names_re})"
+            rf"{_NAME_SUFFIX}(?![A-Za-z0-9])[ \t]*:[ \t]*){_TOKEN_VALUE}",
+            _keyword_token,
+        ),
     )
 
+
+# Vendor tokens by their published prefix: (prefix, what follows it). The
+# rule's pattern and its triggers are both built from this table, so no
+# trigger can skip a token the pattern matches (docs/design.md §5).
+_VENDOR_PREFIXES: tuple[tuple[str, str], ...] = (
+    # GitHub: classic tokens by kind, and fine-grained personal access tokens.
+    *((f"gh{kind}_", r"[A-Za-z0-9]{20,}") for kind in "pousr"),
+    ("github_pat_", r"[A-Za-z0-9_]{20,}"),
+    ("glpat-", r"[A-Za-z0-9_-]{16,}"),
+    *((f"xox{kind}-", r"[A-Za-z0-9-]{10,}") for kind in "abprs"),
+    *(
+        (f"{kind}k_{mode}_", r"[A-Za-z0-9]{10,}")
+        for kind in "sr"
+        for mode in ("live", "test")
+    ),
+    ("AIza", r"[0-9A-Za-z_-]{30,}"),
+    ("ya29.", r"[A-Za-z0-9_.-]{6,}"),
+    # Formats their providers publish that detect-secrets has no plugin for
+    # (the provider-format corpus, tests/errors/provider_tokens.py, found them).
+    ("xapp-", r"[0-9]-[A-Z0-9]{6,}-[0-9]{6,}-[a-f0-9]{32,}"),
+    ("whsec_", r"[A-Za-z0-9+/=]{24,}"),
+    ("npm_", r"[A-Za-z0-9]{36,}"),
+    *((f"do{kind}_v1_", r"[a-f0-9]{64,}") for kind in "por"),
+    *((f"shp{kind}_", r"[a-fA-F0-9]{32,}") for kind in ("at", "ca", "pa", "ss")),
+    ("dapi", r"[a-f0-9]{32,}"),
+    ("lin_api_", r"[A-Za-z0-9]{40,}"),
+    ("PMAK-", r"[a-f0-9]{24}-[a-f0-9]{34,}"),
+    ("glsa_", r"[A-Za-z0-9]{32}_[A-Fa-f0-9]{8}"),
+    ("glc_", r"[A-Za-z0-9+/]{32,}={0,2}"),
+    ("r8_", r"[A-Za-z0-9]{37,}"),
+    ("gsk_", r"[A-Za-z0-9]{52,}"),
+    ("pplx-", r"[A-Za-z0-9]{48,}"),
+)
+_VENDOR_TOKEN = (
+    r"\b(?:"
+    + "|".join(re.escape(prefix) + body for prefix, body in _VENDOR_PREFIXES)
+    + ")"
+)
 
 # Our own rules. Order matters where two rules could start at the same
 # position: the first listed wins.
@@ -198,15 +267,7 @@ _RULES: tuple[Rule, ...] = (
     ("openai_key", rf"\bsk-(?!{_WORD})[A-Za-z0-9_-]{{3,}}", "<redacted>"),
     ("hf_token", rf"\bhf_(?!{_WORD})[A-Za-z0-9]{{6,}}", "<redacted>"),
     ("aws_key", r"\b(?:AKIA|ASIA)[0-9A-Z]{12,}", "<redacted>"),
-    (
-        # GitHub, GitLab, Slack, Stripe, Google API keys and OAuth tokens.
-        "vendor_token",
-        r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
-        r"|glpat-[A-Za-z0-9_-]{16,}|xox[abprs]-[A-Za-z0-9-]{10,}"
-        r"|[sr]k_(?:live|test)_[A-Za-z0-9]{10,}|AIza[0-9A-Za-z_-]{30,}"
-        r"|ya29\.[A-Za-z0-9_.-]{6,})",
-        "<redacted>",
-    ),
+    ("vendor_token", _VENDOR_TOKEN, "<redacted>"),
     *_name_rules(_SECRET_NAMES, _STRONG_NAMES),
     ("address_suffix", r" at 0x[0-9a-fA-F]+", ""),
     ("address", r"\b0x[0-9a-fA-F]{8,}\b", "<address>"),
@@ -282,9 +343,10 @@ _TRIGGERS: dict[str, tuple[Trigger, ...]] = {
     "openai_key": ("sk-",),
     "hf_token": ("hf_",),
     "aws_key": ("AKIA", "ASIA"),
-    "vendor_token": ("gh", "k_live_", "k_test_", "glpat-", "xox", "AIza", "ya29."),
+    "vendor_token": tuple(prefix for prefix, _ in _VENDOR_PREFIXES),
     "quoted_field": (_SECRET_NAME,),
     "assignment": (_SECRET_NAME,),
+    "keyword_token": (_SECRET_NAME,),
     "address_suffix": ("0x",),
     "address": ("0x",),
     "base64_run": ("/", _BASE64_RUN_RE),
@@ -467,6 +529,7 @@ _CREDENTIAL_RULES = frozenset(
         "vendor_token",
         "quoted_field",
         "assignment",
+        "keyword_token",
     }
 )
 
@@ -484,11 +547,33 @@ def _table(rule_set: bool = True) -> _Table:
     for rule in _RULES:
         if rule[0] == "quoted_field":
             rules.extend(_name_rules(names, strong))
-        elif rule[0] != "assignment":
+        elif rule[0] not in ("assignment", "keyword_token"):
             rules.append(rule)
         if rule[0] == "vendor_token":
             rules.extend(added.rules)
     return _Table(tuple(rules), {**_TRIGGERS, **added.triggers})
+
+
+def _any_of(literals: Iterable[str]) -> str:
+    """A pattern that finds whether any of ``literals`` occurs, as a trie:
+    the regex engine tries one branch per character instead of every
+    literal at every position (the vendor prefixes alone are some thirty)."""
+    trie: dict[str, dict] = {}
+    for literal in literals:
+        node = trie
+        for char in literal:
+            node = node.setdefault(char, {})
+        node[""] = {}
+
+    def branches(node: dict[str, dict]) -> str:
+        if "" in node:  # a whole literal: whatever follows it is not needed
+            return ""
+        parts = [
+            re.escape(char) + branches(child) for char, child in sorted(node.items())
+        ]
+        return parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")"
+
+    return branches(trie)
 
 
 class _Triggers:
@@ -512,8 +597,8 @@ class _Triggers:
         self._substrings = [(s, frozenset(n)) for s, n in substrings.items()]
         self._words = [(w, frozenset(n)) for w, n in words.items()]
         self._patterns = [(p, frozenset(n)) for p, n in patterns.items()]
-        self._any_substring = re.compile("|".join(map(re.escape, substrings)))
-        self._any_word = re.compile("|".join(map(re.escape, words)))
+        self._any_substring = re.compile(_any_of(substrings))
+        self._any_word = re.compile(_any_of(words))
 
     def rules(self, text: str) -> set[str]:
         found: set[str] = set()
