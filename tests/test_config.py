@@ -109,6 +109,39 @@ def test_bad_config_names_the_key(document: Any, parameter: str) -> None:
     assert "invalid pipeline config" in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("engine_args", "refused"),
+    [
+        ({"enable_fault_tolerance": True}, "enable_fault_tolerance"),
+        ({"fault_tolerance_config": {}}, "fault_tolerance_config"),
+        (
+            {"enable_fault_tolerance": True, "data_parallel_external_lb": True},
+            "enable_fault_tolerance",
+        ),
+        ({"enable_fault_tolerance": False}, None),
+        ({"fault_tolerance_config": None}, None),
+        ({}, None),
+    ],
+)
+def test_fault_tolerance_in_a_vllm_stage_is_refused_at_load(
+    engine_args: dict[str, Any], refused: str | None
+) -> None:
+    stage = {
+        "id": 0,
+        "kind": "vllm",
+        "options": {"engine_args": {"model": "m", **engine_args}},
+    }
+    document = {"model": "m", "stages": [stage]}
+    if refused is None:
+        pipeline_from_mapping(document)
+        return
+    with pytest.raises(VLLMValidationError) as info:
+        pipeline_from_mapping(document)
+    assert info.value.parameter == f"stages[0].options.engine_args.{refused}"
+    assert "\n" not in str(info.value)
+    assert "fault tolerance is not supported" in str(info.value)
+
+
 def test_missing_file_says_the_file_does_not_exist(tmp_path: Path) -> None:
     missing = tmp_path / "nope.yaml"
     with pytest.raises(VLLMValidationError) as info:

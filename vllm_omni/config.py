@@ -449,6 +449,8 @@ def _stage(raw: object, index: int) -> StageConfig:
     options = raw.get("options", {})
     if not isinstance(options, Mapping):
         _reject("options must be a mapping", f"{where}.options")
+    if kind == "vllm":
+        _refuse_fault_tolerance(options.get("engine_args"), f"{where}.options")
     return StageConfig(
         id=stage_id,
         name=name,
@@ -461,6 +463,28 @@ def _stage(raw: object, index: int) -> StageConfig:
         ray=_ray_options(raw.get("ray", {}), f"{where}.ray"),
         in_process=in_process,
     )
+
+
+# vLLM's fault tolerance (a faulted engine pauses, refuses with
+# EngineFaultedError and waits for a recovery instruction) needs a server that
+# reads the engine's status and drives its recovery, which this one does not
+# yet; and vLLM runs it only with external-load-balancer data parallelism.
+# Enabled in a stage, it would be ignored: refused at load instead
+# (docs/errors/stages.md, "vLLM builds").
+_FAULT_TOLERANCE_KEYS = ("enable_fault_tolerance", "fault_tolerance_config")
+
+
+def _refuse_fault_tolerance(engine_args: object, where: str) -> None:
+    if not isinstance(engine_args, Mapping):
+        return
+    for key in _FAULT_TOLERANCE_KEYS:
+        if engine_args.get(key) not in (None, False):
+            _reject(
+                "vLLM fault tolerance is not supported in a vllm stage: "
+                "vllm-omni does not drive its recovery, and vLLM runs it only "
+                "with external-load-balancer data parallelism; remove it",
+                f"{where}.engine_args.{key}",
+            )
 
 
 def _fault(raw: object, index: int, stages: tuple[StageConfig, ...]) -> FaultConfig:

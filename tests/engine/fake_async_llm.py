@@ -13,7 +13,11 @@ real one is in ``tests/real_engine``):
   the request is closed (an abort: the stream is closed, as ``AsyncLLM``
   aborts a request whose stream closes), ``@reject`` raises upstream's
   ``VLLMValidationError`` with its parameter, ``@die`` kills the engine
-  (``EngineDeadError`` here and in every request it holds);
+  (``EngineDeadError`` here and in every request it holds), ``@dropped``
+  streams one delta then ends with finish reason ``"abort"`` and no error
+  (what vLLM 0.34's fault tolerance does to the requests of an engine that
+  faults), ``@faulted`` refuses at admission with vLLM 0.34's
+  ``EngineFaultedError`` (where the installed vLLM defines it);
 - ``errored``/``dead_error`` as ``AsyncLLM`` has them, set by ``die()``
   (its EngineCore gone, with or without a request in flight).
 """
@@ -24,6 +28,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
+import vllm.exceptions
 from prometheus_client import Counter, Gauge
 from vllm.exceptions import VLLMValidationError
 from vllm.outputs import CompletionOutput, RequestOutput
@@ -78,6 +83,8 @@ class FakeAsyncLLM:
     ) -> AsyncIterator[RequestOutput]:
         if self.errored:
             raise EngineDeadError()
+        if "@faulted" in prompt:
+            raise vllm.exceptions.EngineFaultedError()  # type: ignore[attr-defined]
         if "@reject" in prompt:
             raise VLLMValidationError(
                 "top_k must be at least 1", parameter="top_k", value=0
@@ -89,9 +96,11 @@ class FakeAsyncLLM:
             if "@hang" in prompt or "@die" in prompt:
                 await self._dead.wait()
                 raise EngineDeadError()
-            for index, text in enumerate(REPLY):
+            dropped = "@dropped" in prompt
+            for index, text in enumerate(REPLY[:2] if dropped else REPLY):
                 await asyncio.sleep(0)
-                last = index == len(REPLY) - 1
+                last = index == (1 if dropped else len(REPLY) - 1)
+                reason = ("abort" if dropped else "length") if last else None
                 yield RequestOutput(
                     request_id=request_id,
                     prompt=prompt,
@@ -104,7 +113,7 @@ class FakeAsyncLLM:
                             token_ids=[index + 3],
                             cumulative_logprob=None,
                             logprobs=None,
-                            finish_reason="length" if last else None,
+                            finish_reason=reason,
                         )
                     ],
                     finished=last,

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pickle
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
+import vllm.exceptions
 
 from tests.engine.engines import collect, drain, wait_for, write_pipeline
 from tests.engine.fake_async_llm import REPLY, FakeAsyncLLM
@@ -29,10 +31,13 @@ from vllm_omni.config import load_pipeline
 from vllm_omni.entrypoints.async_omni import AsyncOmni
 from vllm_omni.errors import (
     OmniEngineDeadError,
+    OmniServiceUnavailableError,
     OmniStageTimeoutError,
     VLLMValidationError,
 )
+from vllm_omni.errors.render import should_retry
 from vllm_omni.stages import STAGE_KINDS
+from vllm_omni.stages.vllm_backend import ENGINE_ABORTED
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -131,6 +136,52 @@ async def test_an_engine_refusal_is_the_clients_400_with_its_parameter(
     details = error.details  # type: ignore[attr-defined]
     assert (details.status_code, details.parameter) == (400, "top_k")
     assert (details.stage_id, details.request_id) == (STAGE_ID, "ip-reject")
+    assert not omni.errored
+
+
+async def test_an_engine_abort_nobody_asked_for_is_a_retryable_503(
+    engine: tuple[AsyncOmni, FakeAsyncLLM],
+) -> None:
+    """The engine ends the stream with finish reason "abort" and no error
+    (vLLM 0.34's fault tolerance, on a faulted engine): the caller gets a
+    retryable 503 naming the stage, not a finished output with half the text
+    (the real engine: tests/real_engine/test_real_in_process.py)."""
+    omni, _ = engine
+    error = await _failure(omni, "x @dropped", "ip-dropped")
+    assert isinstance(error, OmniServiceUnavailableError)
+    details = error.details  # type: ignore[attr-defined]
+    assert (details.status_code, details.error_type, details.category) == (
+        503,
+        "ServiceUnavailableError",
+        "server",
+    )
+    assert (details.stage_id, details.message) == (STAGE_ID, ENGINE_ABORTED)
+    assert should_retry(details) and not omni.errored
+    outputs = await collect(omni, "hello", request_id="ip-after-dropped")
+    assert outputs[-1].finish_reason == "length"
+
+
+@pytest.mark.skipif(
+    not hasattr(vllm.exceptions, "EngineFaultedError"),
+    reason="the installed vLLM has no EngineFaultedError (0.34+)",
+)
+async def test_an_engine_faulted_error_reaches_the_caller_as_its_class(
+    engine: tuple[AsyncOmni, FakeAsyncLLM],
+) -> None:
+    omni, _ = engine
+    faulted = vllm.exceptions.EngineFaultedError  # type: ignore[attr-defined]
+    error = await _failure(omni, "x @faulted", "ip-faulted")
+    assert isinstance(error, faulted)
+    details = error.details  # type: ignore[attr-defined]
+    assert details.faulted and (details.status_code, details.stage_id) == (
+        503,
+        STAGE_ID,
+    )
+    assert (details.error_type, details.request_id) == (
+        "ServiceUnavailableError",
+        "ip-faulted",
+    )
+    assert pickle.loads(pickle.dumps(error)).details == details
     assert not omni.errored
 
 

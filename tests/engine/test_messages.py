@@ -65,9 +65,13 @@ def test_error_message_round_trip_keeps_every_field(details: OmniErrorDetails) -
 def test_error_message_carries_full_and_legacy_fields_flat() -> None:
     raw = msgspec.msgpack.decode(m.encode(m.ErrorMessage.from_details(CLIENT)))
     assert raw["type"] == "error"
-    # Fields at their default (fatal=False) are not sent: a 0.30 receiver
-    # has the same default.
-    assert set(raw) == {"type", *WIRE_FIELDS, *LEGACY_WIRE_FIELDS} - {"fatal"}
+    # Fields at their default (fatal=False, faulted=False, no retry delay)
+    # are not sent: a 0.30 receiver has the same defaults.
+    assert set(raw) == {"type", *WIRE_FIELDS, *LEGACY_WIRE_FIELDS} - {
+        "fatal",
+        "faulted",
+        "retry_after_s",
+    }
     assert raw["error"] == raw["message"] == CLIENT.message
     assert raw["category"] == "client" and raw["parameter"] == "max_tokens"
 
@@ -302,3 +306,30 @@ def test_event_id_travels_in_every_shape() -> None:
         assert isinstance(decoded, m.ErrorMessage)
         assert decoded.event_id == "ev-3", shape
         assert decoded.to_details() == SERVER, shape
+
+
+FAULTED = OmniErrorDetails(
+    "The engine has faulted and cannot accept new requests.",
+    "server",
+    503,
+    "ServiceUnavailableError",
+    request_id="r-9",
+    stage_id=1,
+    faulted=True,
+    retry_after_s=30,
+)
+
+
+@pytest.mark.parametrize("compact", [False, True], ids=["full", "compact"])
+def test_a_faulted_record_keeps_its_mark_and_retry_delay(compact: bool) -> None:
+    decoded = m.decode(m.encode(m.ErrorMessage.from_details(FAULTED), compact=compact))
+    assert isinstance(decoded, m.ErrorMessage)
+    assert decoded.to_details() == FAULTED
+
+
+def test_a_0_30_receiver_gets_a_faulted_record_as_a_plain_503() -> None:
+    raw = msgspec.msgpack.decode(
+        m.encode(m.ErrorMessage.from_details(FAULTED), legacy_wire=True)
+    )
+    assert set(raw) == {"type", "event_id", *LEGACY_WIRE_FIELDS}
+    assert (raw["status_code"], raw["error_type"]) == (503, "ServiceUnavailableError")

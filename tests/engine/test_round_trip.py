@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import vllm.exceptions
 
 from tests.engine.engines import collect, write_pipeline
 from vllm_omni.config import FaultConfig
@@ -32,7 +33,7 @@ from vllm_omni.errors import (
     normalize,
 )
 from vllm_omni.errors.table import LEGACY_FALLBACKS, STATUS_TABLE
-from vllm_omni.errors.types import REMOTE_TYPES
+from vllm_omni.errors.types import GRACEFUL_REBUILDS, REMOTE_TYPES
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -56,6 +57,7 @@ ARGS: dict[str, tuple[list[Any], dict[str, Any]]] = {
     "GracefulHTTPError": (["slow down"], {"http_status": 429}),
     "OmniStageTimeoutError": (["stage too slow"], {"stage_id": 1}),
     "EngineDeadError": ([], {}),
+    "EngineFaultedError": ([], {}),  # vLLM 0.34+
     "OmniEngineDeadError": ([], {}),
     "Exception": (["secret at /etc/passwd"], {}),
 }
@@ -105,6 +107,8 @@ def _document(faults: list[FaultConfig]) -> dict[str, Any]:
 def _expected_class(record: Any) -> type[VLLMError]:
     if record.fatal:
         return OmniEngineDeadError
+    if record.faulted:  # vLLM 0.34+: the record names EngineFaultedError
+        return GRACEFUL_REBUILDS[vllm.exceptions.EngineFaultedError]  # type: ignore[attr-defined]
     remote = REMOTE_TYPES.get((record.category, record.status_code, record.error_type))
     if remote is not None:
         return remote

@@ -25,7 +25,13 @@ from vllm_omni.errors.sanitize import sanitize_message
 GENERIC = "The server had an error while processing your request."
 SAFE_500 = OmniErrorDetails(GENERIC, "server", 500, "InternalServerError")
 LEGACY_KEYS = {"error", "status_code", "error_type", "fatal", "request_id", "stage_id"}
-FULL_KEYS = LEGACY_KEYS | {"message", "category", "parameter"}
+FULL_KEYS = LEGACY_KEYS | {
+    "message",
+    "category",
+    "parameter",
+    "faulted",
+    "retry_after_s",
+}
 
 
 def test_generic_message() -> None:
@@ -83,6 +89,23 @@ VALID = {
         ({"stage_id": True}, "stage_id must be an int from 0 to 2147483647"),
         ({"stage_id": "0"}, "stage_id must be an int from 0 to 2147483647"),
         ({"stage_id": 2**31}, "stage_id must be an int from 0 to 2147483647"),
+        ({"faulted": True}, "faulted must be a bool and only a nonfatal server 503"),
+        (
+            {"category": "server", "status_code": 500, "faulted": True},
+            "faulted must be a bool and only a nonfatal server 503",
+        ),
+        (
+            {"category": "server", "status_code": 503, "faulted": True, "fatal": True},
+            "faulted must be a bool and only a nonfatal server 503",
+        ),
+        (
+            {"category": "server", "status_code": 503, "faulted": 1},
+            "faulted must be a bool",
+        ),
+        ({"retry_after_s": 0}, "retry_after_s must be an int from 1 to 3600"),
+        ({"retry_after_s": 3601}, "retry_after_s must be an int from 1 to 3600"),
+        ({"retry_after_s": 1.5}, "retry_after_s must be an int from 1 to 3600"),
+        ({"retry_after_s": True}, "retry_after_s must be an int from 1 to 3600"),
     ],
 )
 def test_invariant_violation_is_a_runtime_error(
@@ -126,6 +149,8 @@ def test_valid_records(fields: dict[str, Any]) -> None:
             "request_id": None,
             "stage_id": None,
             "fatal": False,
+            "faulted": False,
+            "retry_after_s": None,
         }
         | fields
     )
@@ -163,6 +188,8 @@ def test_to_wire() -> None:
         "request_id": "speech-7",
         "stage_id": 1,
         "fatal": False,
+        "faulted": False,
+        "retry_after_s": None,
         "error": "Voice 'zz' is unknown",
     }
 
@@ -353,15 +380,19 @@ REQUEST_IDS = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}", fullmatch=True
 def records(draw: st.DrawFn) -> OmniErrorDetails:
     category = draw(st.sampled_from(["client", "server"]))
     low = 400 if category == "client" else 500
+    status = draw(st.integers(low, low + 99) | st.just(low + 3))
+    fatal = category == "server" and draw(st.booleans())
     return OmniErrorDetails(
         message=draw(MESSAGES),
         category=category,
-        status_code=draw(st.integers(low, low + 99)),
+        status_code=status,
         error_type=draw(ERROR_TYPES),
         parameter=draw(st.none() | PARAMETERS),
         request_id=draw(st.none() | REQUEST_IDS),
         stage_id=draw(st.none() | st.integers(0, 2**31 - 1)),
-        fatal=category == "server" and draw(st.booleans()),
+        fatal=fatal,
+        faulted=status == 503 and not fatal and draw(st.booleans()),
+        retry_after_s=draw(st.none() | st.integers(1, 3600)),
     )
 
 
@@ -388,11 +419,14 @@ def test_wire_round_trip(record: OmniErrorDetails) -> None:
 def test_legacy_wire_round_trip(record: OmniErrorDetails) -> None:
     legacy = record.to_wire(legacy=True)
     assert set(legacy) == LEGACY_KEYS
-    # A 0.30 receiver loses only what it never had: the parameter; and a
-    # fatal record's text is, to 0.30, the log text of the death (issue 22).
+    # A 0.30 receiver loses only what it never had: the parameter, the
+    # faulted mark and the retry delay; and a fatal record's text is, to
+    # 0.30, the log text of the death (issue 22).
     assert OmniErrorDetails.from_wire(legacy) == dataclasses.replace(
         record,
         parameter=None,
+        faulted=False,
+        retry_after_s=None,
         message=GENERIC if record.fatal else record.message,
     )
 
@@ -424,6 +458,8 @@ PLAUSIBLE = st.fixed_dictionaries(
         "request_id": st.one_of(REQUEST_IDS, JSONISH),
         "stage_id": st.one_of(st.integers(-2, 2**40), JSONISH),
         "fatal": st.one_of(st.booleans(), JSONISH),
+        "faulted": st.one_of(st.booleans(), JSONISH),
+        "retry_after_s": st.one_of(st.integers(-1, 4000), JSONISH),
     },
 )
 

@@ -3,11 +3,13 @@ code: every row of ``STATUS_TABLE`` and ``LEGACY_FALLBACKS`` (class, origin,
 parent, status, public type, param, owner, message policy, retry guidance),
 every upstream or Omni subclass that inherits a row, the framework statuses
 and the retry rule. A row added, removed, reordered or changed on either side
-fails here."""
+fails here. Rows marked *vLLM 0.34+* (``UPSTREAM_SINCE``) are compared where
+the installed vLLM defines their class and must be there either way."""
 
 from __future__ import annotations
 
 import importlib
+import re
 from pathlib import Path
 
 import vllm.exceptions
@@ -28,7 +30,7 @@ from vllm_omni.errors.table import (
     StatusRow,
     row_for,
 )
-from vllm_omni.errors.types import GRACEFUL_REBUILDS, REMOTE_TYPES
+from vllm_omni.errors.types import GRACEFUL_REBUILDS, REMOTE_TYPES, UPSTREAM_SINCE
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "errors" / "status-mapping.md"
 
@@ -42,8 +44,45 @@ DOCUMENTED_MODULES = (
 )
 
 
+def _since(name: str) -> str | None:
+    """The vLLM release that added the upstream class ``name``, if newer than
+    the oldest supported one; None for a class every supported vLLM has."""
+    return UPSTREAM_SINCE.get(name)
+
+
+def _installed(name: str) -> bool:
+    return hasattr(vllm.exceptions, name)
+
+
+_MARK = re.compile(r" \(vLLM (\d+\.\d+)\+\)$")
+
+
 def markdown_table(heading: str) -> tuple[list[str], list[list[str]]]:
-    """Header and body cells of the first table under ``heading``."""
+    """Header and body cells of the first table under ``heading``.
+
+    A row whose cells say *vLLM X+* is kept only where the installed vLLM
+    defines the class that row is about, with the mark cut off; the mark must
+    name the release in ``UPSTREAM_SINCE``.
+    """
+    header, body = _markdown_table(heading)
+    kept: list[list[str]] = []
+    for row in body:
+        marked = [(i, _MARK.search(cell)) for i, cell in enumerate(row)]
+        marks = [(i, m) for i, m in marked if m is not None]
+        if not marks:
+            kept.append(row)
+            continue
+        name = next(n for n in re.findall(r"`(\w+)`", " ".join(row)) if _since(n))
+        assert [m.group(1) for _, m in marks] == [_since(name)], row
+        if _installed(name):
+            cut = list(row)
+            for i, m in marks:
+                cut[i] = row[i][: m.start()]
+            kept.append(cut)
+    return header, kept
+
+
+def _markdown_table(heading: str) -> tuple[list[str], list[list[str]]]:
     lines = DOC.read_text(encoding="utf-8").splitlines()
     assert heading in lines, f"{DOC.name} has no heading {heading!r}"
     rows: list[list[str]] = []
@@ -258,6 +297,12 @@ _RULE_RECORDS: dict[str, list[OmniErrorDetails]] = {
         OmniErrorDetails("x", "server", 500, "InternalServerError", fatal=True)
     ],
     "server 501": [OmniErrorDetails("x", "server", 501, "NotImplementedError")],
+    "server 503, faulted": [
+        OmniErrorDetails(
+            "x", "server", 503, "ServiceUnavailableError", faulted=True, **delay
+        )
+        for delay in ({}, {"retry_after_s": 30})
+    ],
     "any other server record": [
         OmniErrorDetails("x", "server", status, "x")
         for status in (500, 502, 503, 504, 599)
@@ -279,9 +324,15 @@ def test_retry_rule() -> None:
         for record in _RULE_RECORDS[kind]:
             headers = dict(retry_headers(record))
             assert retry == f"`{headers['x-should-retry']}`", kind
-            assert retry_after == (
-                str(RETRY_AFTER_S) if "Retry-After" in headers else "—"
-            ), kind
+            if record.retry_after_s is not None:
+                assert headers["Retry-After"] == str(record.retry_after_s)
+                assert retry_after == f"`retry_after_s` ({RETRY_AFTER_S} if unset)"
+            elif retry_after.startswith("`retry_after_s`"):
+                assert headers["Retry-After"] == str(RETRY_AFTER_S), kind
+            else:
+                assert retry_after == (
+                    str(RETRY_AFTER_S) if "Retry-After" in headers else "—"
+                ), kind
             assert retryable == _flag(should_retry(record)), kind
 
 
@@ -297,6 +348,10 @@ def _record(kind: str) -> OmniErrorDetails:
         return OmniErrorDetails("x", "server", 500, "InternalServerError", stage_id=1)
     if kind == "any other server record":
         return OmniErrorDetails("x", "server", 502, "Bad Gateway")
+    if kind == "server 503, faulted":
+        return OmniErrorDetails(
+            "x", "server", 503, "ServiceUnavailableError", faulted=True
+        )
     category, status, error_type = kind.split(" ")
     return OmniErrorDetails("x", category, int(status), error_type.strip("`"))
 
@@ -324,10 +379,63 @@ def test_to_exception_table() -> None:
     kinds = [cells[0] for cells in body]
     named = [f"{c} {s} `{t}`" for c, s, t in REMOTE_TYPES]
     assert set(named) <= set(kinds), "every REMOTE_TYPES row must be documented"
-    assert len(kinds) == len(named) + 4
+    faulted = [kind for kind in kinds if "faulted" in kind]
+    assert len(kinds) == len(named) + 4 + len(faulted)
+    assert len(faulted) == int(_installed("EngineFaultedError"))
     for record_kind, exception, catch_as in body:
         exc = to_exception(_record(record_kind))
         for name in catch_as.split(", "):
             catch = getattr(errors, name.strip("`"))
             assert isinstance(exc, catch), (record_kind, name)
         assert exception == _code(type(exc).__name__)
+
+
+def test_a_faulted_record_is_rebuilt_by_what_this_vllm_defines() -> None:
+    """0.34: its own class; 0.33 (no such class): by its shape, a 503."""
+    record = _record("server 503, faulted")
+    exc = to_exception(record)
+    assert exc.details == record  # type: ignore[attr-defined]
+    if _installed("EngineFaultedError"):
+        assert type(exc).__name__ == "RemoteEngineFaultedError"
+        assert isinstance(exc, vllm.exceptions.EngineFaultedError)
+    else:
+        assert type(exc).__name__ == "RemoteOmniServiceUnavailableError"
+        assert not hasattr(errors, "EngineFaultedError")
+
+
+_CLASS_RE = re.compile(r"^class (\w+)\(([^)]*)\):", re.MULTILINE)
+
+
+def test_no_upstream_subclass_is_outside_the_documented_modules() -> None:
+    """Every ``VLLMError`` subclass the installed vLLM defines anywhere (read
+    from its source, so a module nobody imported counts too) is in a module
+    whose classes the tables above cover, so each has a row or an inherited
+    row: on 0.33, on 0.34 (``EngineFaultedError``), on any build."""
+    root = Path(vllm.exceptions.__file__).parent
+    defined: dict[str, str] = {}  # class -> module
+    bases: dict[str, set[str]] = {}
+    for path in root.rglob("*.py"):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if "Error" not in text:
+            continue
+        module = ".".join(path.relative_to(root.parent).with_suffix("").parts)
+        for name, base_text in _CLASS_RE.findall(text):
+            names = {b.strip().rsplit(".", 1)[-1] for b in base_text.split(",")}
+            bases.setdefault(name, set()).update(names)
+            defined.setdefault(name, module)
+    family = {"VLLMError"}
+    grew = True
+    while grew:
+        grew = False
+        for name, parents in bases.items():
+            if name not in family and parents & family:
+                family.add(name)
+                grew = True
+    outside = {
+        name: defined[name]
+        for name in family - {"VLLMError"}
+        if defined[name] not in DOCUMENTED_MODULES
+    }
+    assert outside == {}, "document these modules' classes (DOCUMENTED_MODULES)"
+    found = {cls.__name__ for cls in _documented_subclasses()}
+    assert family - {"VLLMError"} <= found

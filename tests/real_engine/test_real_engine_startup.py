@@ -5,6 +5,8 @@ re-parented to init and keep their memory)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -16,6 +18,7 @@ import pytest
 from tests.real_engine.conftest import STARTUP_TIMEOUT_S, write_tiny_pipeline
 from vllm_omni.engine.orchestrator import StageStartupError
 from vllm_omni.entrypoints.omni import Omni
+from vllm_omni.errors import VLLMValidationError
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -70,3 +73,30 @@ def test_a_stage_killed_while_its_engine_starts_leaves_nothing_behind(
     left = [p for pid, p in _engine_processes().items() if pid not in before]
     _, alive = psutil.wait_procs([core, *left], timeout=5)
     assert alive == []
+
+
+def test_fault_tolerance_is_refused_at_load_with_one_line(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    """vLLM's fault tolerance cannot run on this build (it needs
+    external-load-balancer data parallelism, and nothing here would drive
+    its recovery): ``vllm-omni serve`` refuses the pipeline at load, in one
+    line naming the option, before vLLM is imported; ``Omni`` the same."""
+    path = write_tiny_pipeline(tmp_path, tiny_model, enable_fault_tolerance=True)
+    option = "stages[1].options.engine_args.enable_fault_tolerance"
+    serve = [sys.executable, "-m", "vllm_omni.entrypoints.cli.main", "serve"]
+    started = time.monotonic()
+    done = subprocess.run(
+        [*serve, "--pipeline", str(path), "--port", "8000"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert option in line and "fault tolerance is not supported" in line
+    assert "external-load-balancer data parallelism" in line
+    assert time.monotonic() - started < 60  # no engine was started
+    with pytest.raises(VLLMValidationError) as info:
+        Omni(pipeline=str(path), startup_timeout_s=STARTUP_TIMEOUT_S)
+    assert info.value.parameter == option

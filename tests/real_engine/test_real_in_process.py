@@ -1,7 +1,8 @@
 """The real engine in the orchestrator's process (``in_process: true``).
 
 The same requests get the same answers and the same records as from a
-stage process (``test_offline``'s pipeline, LoRA off); the engine's
+stage process (``test_offline``'s pipeline, LoRA off); an engine abort the
+server did not ask for is a retryable 503, never a finish; the engine's
 metrics carry the ``stage`` label; a SIGKILL of the EngineCore with no
 request in flight kills the engine with the stage's id (nothing but the
 watch can notice it: there is no stage process to exit); and a plain
@@ -28,7 +29,12 @@ from tests.prom import local_text, samples, value
 from tests.real_engine.conftest import STARTUP_TIMEOUT_S, write_tiny_pipeline
 from tests.real_engine.tiny_model import MAX_MODEL_LEN
 from vllm_omni.entrypoints.omni import Omni
-from vllm_omni.errors import OmniEngineDeadError, VLLMValidationError
+from vllm_omni.errors import (
+    OmniEngineDeadError,
+    OmniServiceUnavailableError,
+    VLLMValidationError,
+)
+from vllm_omni.errors.render import should_retry
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -100,6 +106,46 @@ def test_the_same_answers_and_records_from_either_placement(
     )
     assert seen[finished] >= 1
     assert ("vllm:num_requests_running", frozenset(labels.items())) in seen
+
+
+def test_an_engine_abort_nobody_asked_for_is_never_a_success(
+    engines: dict[str, Omni],
+) -> None:
+    """The real ``AsyncLLM`` ends a request it aborted with a last output of
+    finish reason ``"abort"`` and no error (vLLM 0.34's fault tolerance does
+    so to every request of a faulted engine). Aborted behind the server's
+    back, after its first token, the request fails with a retryable 503
+    naming the stage, not a finished output with half the text."""
+    omni = engines["in_process"]
+    handle = omni.engine._orchestrator._handles[STAGE_ID]  # type: ignore[attr-defined]
+    llm = handle.inline._stage._engine
+
+    async def dropped() -> BaseException | None:
+        aborted = False
+        try:
+            async for output in omni.engine.generate(
+                "hello", modalities=["text"], params={**FULL, "max_tokens": 32}
+            ):
+                if output.finished:
+                    return None
+                if not aborted:
+                    aborted = True
+                    await llm.abort(list(llm.output_processor.external_req_ids))
+        except Exception as exc:
+            return exc
+        return None
+
+    error = omni._call(dropped(), 120)  # type: ignore[attr-defined]
+    assert isinstance(error, OmniServiceUnavailableError), error
+    details = error.details  # type: ignore[attr-defined]
+    assert (details.status_code, details.error_type, details.stage_id) == (
+        503,
+        "ServiceUnavailableError",
+        STAGE_ID,
+    )
+    assert should_retry(details)
+    # The engine keeps serving.
+    assert omni.generate("hello", modalities=["text"], params=FULL).text
 
 
 def test_an_engine_core_killed_while_idle_kills_the_engine(

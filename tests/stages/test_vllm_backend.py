@@ -31,7 +31,8 @@ from vllm_omni.errors import (
     to_exception,
 )
 from vllm_omni.errors.details import OmniErrorDetails
-from vllm_omni.stages.vllm_backend import VLLMStage
+from vllm_omni.errors.render import should_retry
+from vllm_omni.stages.vllm_backend import ENGINE_ABORTED, VLLMStage
 
 STAGE_ID = 4
 ENGINE_ARGS = {"model": "facebook/opt-125m"}
@@ -374,6 +375,38 @@ async def test_error_finish_reason_is_a_generation_error() -> None:
     stage, _ = make_stage([completion("x", "error")])
     _, details = await run_like_the_worker(stage)
     assert details is not None and details.status_code == 500 and not details.fatal
+
+
+@pytest.mark.parametrize(
+    ("finish_reason", "outcome"),
+    [
+        ("stop", None),
+        ("length", None),
+        ("abort", (503, "ServiceUnavailableError", True)),
+        ("error", (500, "InternalServerError", True)),
+    ],
+)
+async def test_only_a_real_finish_is_a_success(
+    finish_reason: str, outcome: tuple[int, str, bool] | None
+) -> None:
+    """An abort the server did not ask for (the server's own close the
+    stream, see below) truncated the answer: a retryable 503 naming the
+    stage, not a finish the next stage would take as the whole answer."""
+    stage, _ = make_stage([completion("half an"), completion(" ans", finish_reason)])
+    chunks, details = await run_like_the_worker(stage)
+    if outcome is None:
+        assert details is None and chunks[-1].finish_reason == finish_reason
+        return
+    assert details is not None
+    assert (details.status_code, details.error_type, details.category) == (
+        *outcome[:2],
+        "server",
+    )
+    assert should_retry(details) is outcome[2]
+    assert details.stage_id == STAGE_ID
+    assert [c.finish_reason for c in chunks] == [None]
+    if finish_reason == "abort":
+        assert details.message == ENGINE_ABORTED
 
 
 async def test_cancelling_closes_the_upstream_stream() -> None:

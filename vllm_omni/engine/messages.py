@@ -171,6 +171,8 @@ class ErrorMessage(_Base, tag="error", omit_defaults=True):
     message: str | None = None
     category: str | None = None
     parameter: str | None = None
+    faulted: bool = False
+    retry_after_s: int | None = None
     reason: str | None = None
     event_id: str | None = None
 
@@ -206,6 +208,8 @@ class CompactError(
         "request_id": "r",
         "stage_id": "i",
         "fatal": "f",
+        "faulted": "ft",
+        "retry_after_s": "ra",
         "reason": "why",
         "event_id": "ev",
     },
@@ -224,6 +228,8 @@ class CompactError(
     request_id: str | None = None
     stage_id: int | None = None
     fatal: bool = False
+    faulted: bool = False
+    retry_after_s: int | None = None
     reason: str | None = None
     event_id: str | None = None
 
@@ -304,6 +310,8 @@ def encode(
                     request_id=message.request_id,
                     stage_id=message.stage_id,
                     fatal=message.fatal,
+                    faulted=message.faulted,
+                    retry_after_s=message.retry_after_s,
                     reason=message.reason,
                     event_id=message.event_id,
                 )
@@ -328,6 +336,8 @@ def encode(
                 request_id=details.request_id,
                 stage_id=details.stage_id,
                 fatal=details.fatal,
+                faulted=details.faulted,
+                retry_after_s=details.retry_after_s,
                 reason=message.reason,
                 event_id=message.event_id,
             )

@@ -182,15 +182,21 @@ def log_failure(
     log: logging.Logger = logger,
 ) -> None:
     """The one line a stage logs when a request failed in it: the real text
-    (and traceback) of a server error stays in the log."""
+    (and traceback) of a server error stays in the log. A faulted engine's
+    refusal is expected until it recovers: the server logs it once at INFO
+    (``errors.http.reporting``), the stage only at DEBUG, without traceback."""
+    quiet = details.is_client or details.faulted
+    level = logging.WARNING
+    if quiet:
+        level = logging.DEBUG if details.faulted else logging.INFO
     log.log(
-        logging.INFO if details.is_client else logging.WARNING,
+        level,
         "stage %d request %s failed (%s %d)",
         stage_id,
         request_id,
         details.error_type,
         details.status_code,
-        exc_info=None if details.is_client else exc,
+        exc_info=None if quiet else exc,
         extra={"request_id": request_id},
     )
 

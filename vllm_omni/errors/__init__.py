@@ -69,6 +69,15 @@ _LAZY: dict[str, str] = {
     "raise_client_error_or": "vllm_omni.errors.compat",
 }
 
+# Names that exist only where the installed vLLM defines their class (vLLM
+# 0.34+, ``types.UPSTREAM_SINCE``): resolved like the rest, an AttributeError
+# on an older vLLM, and left out of ``__all__``, which cannot know without
+# importing vLLM.
+_NEWER_UPSTREAM: dict[str, str] = {
+    "EngineFaultedError": _TYPES,
+    "RemoteEngineFaultedError": _TYPES,
+}
+
 if TYPE_CHECKING:
     from vllm_omni.errors.compat import (
         client_error_from_metadata,
@@ -148,10 +157,16 @@ def __getattr__(name: str) -> Any:
                 stacklevel=2,
             )
         return getattr(importlib.import_module("vllm_omni.errors.compat"), name)
-    module = _LAZY.get(name)
+    module = _LAZY.get(name) or _NEWER_UPSTREAM.get(name)
     if module is None:
         raise AttributeError(f"module 'vllm_omni.errors' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    try:
+        value = getattr(importlib.import_module(module), name)
+    except AttributeError:
+        raise AttributeError(
+            f"module 'vllm_omni.errors' has no attribute {name!r}: the installed "
+            "vLLM does not define it (vLLM 0.34+)"
+        ) from None
     globals()[name] = value
     return value
 

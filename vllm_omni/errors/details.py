@@ -78,6 +78,8 @@ WIRE_FIELDS = (
     "request_id",
     "stage_id",
     "fatal",
+    "faulted",
+    "retry_after_s",
 )
 LEGACY_WIRE_FIELDS = (
     "error",
@@ -92,6 +94,9 @@ LEGACY_WIRE_FIELDS = (
 # Stage ids index a pipeline's stages; the bound keeps them encodable by every
 # wire format (msgpack's int range) and out of absurd label territory.
 MAX_STAGE_ID = 2**31 - 1
+# The longest retry delay a record may ask for (an hour): a recovery window
+# longer than that is not a retry, it is an outage.
+MAX_RETRY_AFTER_S = 3600
 
 
 def is_stage_id(value: object) -> bool:
@@ -130,6 +135,13 @@ class OmniErrorDetails:
     request_id: str | None = None
     stage_id: int | None = None
     fatal: bool = False
+    # A faulted engine refused the request while it recovers (vLLM 0.34's
+    # EngineFaultedError): a server 503 that Python callers get back as that
+    # class, after any boundary (docs/design.md §3).
+    faulted: bool = False
+    # Seconds a client should wait before retrying (``Retry-After``); None:
+    # the default. Only a retryable record carries one.
+    retry_after_s: int | None = None
 
     def __post_init__(self) -> None:
         problem = self._violation()
@@ -162,6 +174,14 @@ class OmniErrorDetails:
             return "request_id must be a short token"
         if self.stage_id is not None and not is_stage_id(self.stage_id):
             return "stage_id must be an int from 0 to 2147483647"
+        if not isinstance(self.faulted, bool) or (
+            self.faulted and (self.fatal or self.status_code != 503)
+        ):
+            return "faulted must be a bool and only a nonfatal server 503 is faulted"
+        if self.retry_after_s is not None and not (
+            _is_int(self.retry_after_s) and 1 <= self.retry_after_s <= MAX_RETRY_AFTER_S
+        ):
+            return f"retry_after_s must be an int from 1 to {MAX_RETRY_AFTER_S}"
         return None
 
     @property
@@ -190,6 +210,8 @@ class OmniErrorDetails:
             "message": self.message,
             "category": self.category,
             "parameter": self.parameter,
+            "faulted": self.faulted,
+            "retry_after_s": self.retry_after_s,
             **legacy_fields,
         }
 
@@ -251,6 +273,12 @@ def _read_wire(
     if not (isinstance(error_type, str) and _ERROR_TYPE_RE.fullmatch(error_type)):
         error_type = default_type(status, category)
     fatal = data.get("fatal", False)
+    # Newer fields, read only when well formed: a peer that does not know
+    # them never sends them, and a bad one must not cost the record.
+    faulted = data.get("faulted") is True and status == 503 and fatal is not True
+    retry_after = data.get("retry_after_s")
+    if not (_is_int(retry_after) and 1 <= retry_after <= MAX_RETRY_AFTER_S):
+        retry_after = None
     if fatal is True and legacy:
         # A 0.30 sender's fatal text is the log text of the death (receivers
         # keep it as ``reason``); what a client sees of it is generic.
@@ -264,4 +292,6 @@ def _read_wire(
         request_id=request_id,
         stage_id=stage_id,
         fatal=fatal,  # type: ignore[arg-type]
+        faulted=faulted and category == "server",
+        retry_after_s=retry_after,
     )

@@ -2,15 +2,15 @@
 instrumentator uses.
 
 Owns the counters an on-call alerts on: rendered errors, legacy fallbacks,
-aborts by reason, admission rejections, plus two gauges (requests in flight,
-engine dead) and the lag of the engine's event loop (the API server's under
-``vllm-omni serve``), whose stalls delay every heartbeat and token. Labels
-are bounded by construction: the transport is one of a fixed set,
-category and code come from a validated record, the type is the record's
-short identifier (from the status table or a class), the fallback
-label is an exception class name from a fixed table, abort and admission
-reasons are literals, and the admission ``stage`` label is a stage id from
-the pipeline file. No message, request id or path ever becomes a label.
+aborts by reason, admission rejections, faulted-engine refusals, plus two
+gauges (requests in flight, engine dead) and the lag of the engine's event
+loop (the API server's under ``vllm-omni serve``), whose stalls delay every
+heartbeat and token. Labels are bounded by construction: the transport is
+one of a fixed set, category and code come from a validated record, the
+type is the record's short identifier (from the status table or a class),
+the fallback label is an exception class name from a fixed table, abort and
+admission reasons are literals, and a ``stage`` label is a stage id from the
+pipeline file. No message, request id or path ever becomes a label.
 
 It also owns the abort context: a transport that knows *why* a request is
 being cancelled (the HTTP boundary saw the client go away) says so here, and
@@ -35,6 +35,7 @@ __all__ = [
     "ENGINE_WIDE",
     "ERRORS_TOTAL",
     "EVENT_LOOP_LAG",
+    "FAULTED_REFUSALS_TOTAL",
     "RAW_FALLBACKS_TOTAL",
     "REQUESTS_IN_FLIGHT",
     "AbortContext",
@@ -47,6 +48,9 @@ __all__ = [
 ]
 
 Transport = Literal["http", "sse", "websocket", "job", "offline"]
+
+# The ``stage`` label of a limit that is not a stage's own (the engine's).
+ENGINE_WIDE = ""
 
 ERRORS_TOTAL = Counter(
     "vllm_omni:errors",
@@ -64,10 +68,10 @@ def record_error(transport: Transport, details: OmniErrorDetails) -> None:
     ERRORS_TOTAL.labels(
         transport, details.category, details.error_type, str(details.status_code)
     ).inc()
+    if details.faulted:
+        stage = ENGINE_WIDE if details.stage_id is None else str(details.stage_id)
+        FAULTED_REFUSALS_TOTAL.labels(stage).inc()
 
-
-# The ``stage`` label of a limit that is not a stage's own (the engine's).
-ENGINE_WIDE = ""
 
 # Why a request was aborted in every stage: the client went away (any
 # transport), its consumer was cancelled or closed (offline callers, Ctrl-C),
@@ -84,6 +88,13 @@ ADMISSION_REJECTIONS_TOTAL = Counter(
     "Requests refused at admission with QueueOverflowError (503), by limit and "
     "stage (the stage id for a stage's limit, \"\" for the engine's).",
     ["reason", "stage"],
+)
+FAULTED_REFUSALS_TOTAL = Counter(
+    "vllm_omni:engine_faulted_refusals",
+    "Requests refused because an engine had faulted and was recovering "
+    '(vLLM 0.34\'s EngineFaultedError, 503), by stage ("" when no stage '
+    "was named).",
+    ["stage"],
 )
 REQUESTS_IN_FLIGHT = Gauge(
     "vllm_omni:requests_in_flight",

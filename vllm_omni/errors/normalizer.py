@@ -13,6 +13,7 @@ always picklable.
 from __future__ import annotations
 
 import dataclasses
+import math
 import pickle
 import re
 from typing import Any, Literal, NoReturn
@@ -20,6 +21,7 @@ from typing import Any, Literal, NoReturn
 from vllm_omni.errors.details import (
     DEFAULT_STATUS,
     GENERIC_SERVER_MESSAGE,
+    MAX_RETRY_AFTER_S,
     STATUS_RANGES,
     OmniErrorDetails,
     default_type,
@@ -37,6 +39,7 @@ from vllm_omni.errors.table import (
     row_for,
 )
 from vllm_omni.errors.types import (
+    ENGINE_FAULTED,
     GRACEFUL_REBUILDS,
     REMOTE_TYPES,
     UNPICKLABLE_UPSTREAM,
@@ -110,6 +113,16 @@ def _stage_of(exc: BaseException, fallback: int | None) -> int | None:
     return None
 
 
+def _retry_after(exc: BaseException, row: StatusRow) -> int | None:
+    """The row's retry delay from the instance, in whole seconds (rounded
+    up, capped at ``MAX_RETRY_AFTER_S``); None when it has none."""
+    value = _attr(exc, row.retry_after_attr)
+    # ``not value > 0`` also refuses NaN.
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        return None
+    return MAX_RETRY_AFTER_S if value >= MAX_RETRY_AFTER_S else math.ceil(value)
+
+
 def _from_row(
     exc: BaseException,
     row: StatusRow,
@@ -152,6 +165,8 @@ def _from_row(
         request_id=request_id,
         stage_id=_stage_of(exc, stage_id),
         fatal=row.fatal,
+        faulted=row.faulted and status == 503,
+        retry_after_s=_retry_after(exc, row),
     )
     try:
         return OmniErrorDetails(**record)  # type: ignore[arg-type]
@@ -214,15 +229,19 @@ def to_exception(details: OmniErrorDetails, *, reason: str | None = None) -> VLL
     Ownership comes from ``category``, never from a status range. A record
     whose (category, status, type) names a semantic class is rebuilt as its
     ``Remote*`` class (the semantic class and the 0.30 wrapper at once); a
-    fatal record as ``OmniEngineDeadError`` (``reason`` is its log text); a
-    stage's internal 500 as ``OmniEngineGenerateError``; anything else as
-    the wrapper ``OmniClientError`` / ``OmniServerError``. Each carries
-    ``.details`` equal to the record.
+    ``faulted`` record as ``RemoteEngineFaultedError`` where vLLM defines
+    ``EngineFaultedError`` (else by its shape, a 503); a fatal record as
+    ``OmniEngineDeadError`` (``reason`` is its log text); a stage's internal
+    500 as ``OmniEngineGenerateError``; anything else as the wrapper
+    ``OmniClientError`` / ``OmniServerError``. Each carries ``.details``
+    equal to the record.
     """
     if details.fatal:
         return OmniEngineDeadError(
             stage_id=details.stage_id, reason=reason, details=details
         )
+    if details.faulted and ENGINE_FAULTED is not None:
+        return GRACEFUL_REBUILDS[ENGINE_FAULTED](details)
     remote = REMOTE_TYPES.get(
         (details.category, details.status_code, details.error_type)
     )
@@ -273,11 +292,12 @@ def for_caller(exc: Exception, *, request_id: str | None = None) -> VLLMError:
     The Python APIs are a transport like HTTP: ``.details`` is the record the
     server would render (with the request id). A semantic exception that
     survives ``pickle`` is handed on itself, with ``.details`` set; upstream's
-    admission refusals (``QueueOverflowError``, ``MaxQueuedTokensError``) are
-    rebuilt as their own class that pickles (``GRACEFUL_REBUILDS``); anything
-    else (an upstream type that cannot round-trip, an unknown exception) is
-    replaced by the record rebuilt with ``to_exception``; raise it ``from``
-    the original, which keeps the traceback in this process.
+    admission refusals (``QueueOverflowError``, ``MaxQueuedTokensError``,
+    0.34's ``EngineFaultedError``) are rebuilt as their own class that
+    pickles (``GRACEFUL_REBUILDS``); anything else (an upstream type that
+    cannot round-trip, an unknown exception) is replaced by the record
+    rebuilt with ``to_exception``; raise it ``from`` the original, which
+    keeps the traceback in this process.
     """
     details = normalize(exc, request_id=request_id)
     if isinstance(exc, VLLMError) and _survives_pickle(exc):

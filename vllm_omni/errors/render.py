@@ -108,14 +108,17 @@ def should_retry(details: OmniErrorDetails) -> bool:
 def retry_headers(
     details: OmniErrorDetails, *, replayed: bool = False
 ) -> list[tuple[str, str]]:
-    """``x-should-retry``, and ``Retry-After`` when it is ``true``.
+    """``x-should-retry``, and ``Retry-After`` when it is ``true``: the
+    record's ``retry_after_s``, else ``RETRY_AFTER_S``.
 
     ``replayed``: the response repeats a stored outcome (a failed job's
     content), which a repeat of the request would only repeat again.
     """
     if replayed or not should_retry(details):
         return [(SHOULD_RETRY_HEADER, "false")]
-    return [(SHOULD_RETRY_HEADER, "true"), (RETRY_AFTER_HEADER, str(RETRY_AFTER_S))]
+    # A record may say how long to wait (a faulted stage's recovery window).
+    wait = details.retry_after_s or RETRY_AFTER_S
+    return [(SHOULD_RETRY_HEADER, "true"), (RETRY_AFTER_HEADER, str(wait))]
 
 
 def _with_retry(details: OmniErrorDetails) -> dict[str, Any]:

@@ -10,6 +10,8 @@ parent's row.
 
 Statuses of Omni types are read from the classes themselves
 (``status_code`` / ``error_type`` class data), so a number lives in one place.
+A row for an upstream class that only newer vLLM releases define
+(``UPSTREAM_SINCE``) is in the table only where the installed vLLM has it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from vllm.exceptions import RetryableRequestError
 from vllm_omni.errors.details import HTTP_STATUS_TYPES as HTTP_STATUS_TYPES
 from vllm_omni.errors.details import default_type
 from vllm_omni.errors.types import (
+    ENGINE_FAULTED,
     EngineDeadError,
     EngineGenerateError,
     GenerationError,
@@ -76,6 +79,10 @@ class StatusRow:
     type_from_phrase: bool = False
     # True for raw-exception rows that exist only in legacy mode.
     legacy_fallback: bool = False
+    # A faulted engine's refusal: the record is marked ``faulted``.
+    faulted: bool = False
+    # Instance attribute with the seconds to wait before a retry.
+    retry_after_attr: str | None = None
 
 
 def _omni(
@@ -96,6 +103,24 @@ def _omni(
         **extra,  # type: ignore[arg-type]
     )
 
+
+# vLLM 0.34+: a fault-tolerant engine refuses requests while it recovers. A
+# stage that knows its recovery window sets ``retry_after_s`` on the
+# exception, which becomes the record's Retry-After (docs/design.md §10).
+_FAULTED_ROWS: tuple[StatusRow, ...] = (
+    ()
+    if ENGINE_FAULTED is None
+    else (
+        StatusRow(
+            ENGINE_FAULTED,
+            "server",
+            503,
+            "ServiceUnavailableError",
+            faulted=True,
+            retry_after_attr="retry_after_s",
+        ),
+    )
+)
 
 STATUS_TABLE: tuple[StatusRow, ...] = (
     # -- client (upstream) ----------------------------------------------------
@@ -151,6 +176,7 @@ STATUS_TABLE: tuple[StatusRow, ...] = (
         EngineDeadError, "server", 500, "InternalServerError", "fixed", fatal=True
     ),
     StatusRow(VLLMServerError, "server", 500, "InternalServerError"),
+    *_FAULTED_ROWS,
     # -- server (Omni) --------------------------------------------------------
     _omni(OmniEngineGenerateError, "server"),
     StatusRow(

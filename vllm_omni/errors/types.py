@@ -21,6 +21,11 @@ The tree (status and public ``error.type`` in brackets)::
     │   ├── OmniStageTimeoutError               [504 GatewayTimeoutError]      Omni
     │   └── OmniServerError                     [given 5xx]   remote wrapper   Omni
     └── GracefulHTTPError                       [its own status]
+        └── EngineFaultedError                  [503 ServiceUnavailableError] 0.34+
+
+``EngineFaultedError`` exists only where the installed vLLM defines it
+(0.34 and later): on 0.33 the name is absent here, from the table and from
+``vllm_omni.errors`` (``UPSTREAM_SINCE`` lists such names).
 
 Each Omni type carries its status and public type as class data
 (``status_code``, ``error_type``); the status table in ``table.py`` reads them,
@@ -52,6 +57,7 @@ import warnings
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import vllm.exceptions
 from vllm.exceptions import (
     GenerationError,
     GracefulHTTPError,
@@ -78,9 +84,11 @@ else:
     EngineGenerateError = engine_exceptions().EngineGenerateError
 
 __all__ = [
+    "ENGINE_FAULTED",
     "GRACEFUL_REBUILDS",
     "REMOTE_TYPES",
     "UNPICKLABLE_UPSTREAM",
+    "UPSTREAM_SINCE",
     "EngineDeadError",
     "EngineGenerateError",
     "GenerationError",
@@ -457,6 +465,34 @@ class RemoteMaxQueuedTokensError(
     ``OmniServiceUnavailableError`` and an ``OmniServerError``, that pickles."""
 
 
+# Upstream classes this project maps that only newer vLLM releases define, and
+# the release that added each; docs/errors/status-mapping.md marks their rows.
+UPSTREAM_SINCE: dict[str, str] = {"EngineFaultedError": "0.34"}
+
+# vLLM 0.34's refusal while a fault-tolerant engine recovers (a 503
+# ``GracefulHTTPError`` without arguments); None where vLLM does not define it.
+ENGINE_FAULTED: type[GracefulHTTPError] | None = getattr(
+    vllm.exceptions, "EngineFaultedError", None
+)
+_REBUILDS: dict[type[GracefulHTTPError], type[_RemoteGraceful]] = {}
+
+if ENGINE_FAULTED is not None:
+    EngineFaultedError = ENGINE_FAULTED
+
+    class RemoteEngineFaultedError(  # type: ignore[valid-type,misc]
+        _RemoteGraceful,
+        EngineFaultedError,
+        OmniServiceUnavailableError,
+        OmniServerError,
+    ):
+        """A faulted engine's 503: upstream's ``EngineFaultedError``, an
+        ``OmniServiceUnavailableError`` and an ``OmniServerError``, that
+        pickles; rebuilt from any record marked ``faulted``."""
+
+    _REBUILDS[EngineFaultedError] = RemoteEngineFaultedError
+    __all__ += ["EngineFaultedError", "RemoteEngineFaultedError"]
+
+
 # Upstream's admission refusals do not pickle, and their records cannot be
 # told apart (both a 503 "Service Unavailable"); the APIs see the original in
 # their own process and hand callers this rebuild of the same class, so
@@ -465,6 +501,7 @@ class RemoteMaxQueuedTokensError(
 GRACEFUL_REBUILDS: dict[type[GracefulHTTPError], type[_RemoteGraceful]] = {
     QueueOverflowError: RemoteQueueOverflowError,
     MaxQueuedTokensError: RemoteMaxQueuedTokensError,
+    **_REBUILDS,
 }
 
 # Which class ``to_exception`` rebuilds, by the record's (category, status,

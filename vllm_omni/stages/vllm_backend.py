@@ -34,7 +34,13 @@ translation of what upstream reports into what the stage worker normalizes:
 - a ``RequestError`` on an output (``output.error``, as 0.33 exposes it on
   pooling outputs) becomes a record through ``from_request_error`` and is
   raised as the matching remote exception; an ``"error"`` finish reason is a
-  ``GenerationError``, as upstream's serving layer treats it.
+  ``GenerationError``, as upstream's serving layer treats it;
+- an ``"abort"`` finish reason is an abort the server did not ask for (the
+  server's own aborts cancel this generator and close the stream, so it never
+  reads one): the engine dropped the request, as vLLM 0.34's fault tolerance
+  does to every scheduled request when its engine faults. The answer is
+  truncated, so it is never a finish: a retryable 503 with this stage's id
+  (``OmniServiceUnavailableError``), never handed to the next stage.
 
 The engine is built lazily from ``options.engine_args`` (``AsyncEngineArgs``
 keyword arguments) on ``start``; tests inject a fake through
@@ -56,6 +62,7 @@ from vllm_omni.engine.messages import Payload, Submit
 from vllm_omni.errors import (
     GenerationError,
     GracefulHTTPError,
+    OmniServiceUnavailableError,
     VLLMNotFoundError,
     VLLMValidationError,
     from_request_error,
@@ -63,10 +70,15 @@ from vllm_omni.errors import (
 )
 from vllm_omni.stages.base import Stage
 
-__all__ = ["VLLMStage", "build_async_llm"]
+__all__ = ["ENGINE_ABORTED", "VLLMStage", "build_async_llm"]
 
 EngineFactory = Callable[[dict[str, Any]], Any]
 DEFAULT_MAX_TOKENS = 64
+# What a client reads when the engine dropped its request unasked.
+ENGINE_ABORTED = (
+    "The engine aborted the request before it finished. Please try again later "
+    "or on a different instance."
+)
 
 
 def build_async_llm(engine_args: dict[str, Any]) -> Any:
@@ -432,6 +444,10 @@ class VLLMStage(Stage):
                 for completion in output.outputs:
                     if completion.finish_reason == "error":
                         raise GenerationError("Internal server error")
+                    if completion.finish_reason == "abort":
+                        raise OmniServiceUnavailableError(
+                            ENGINE_ABORTED, stage_id=self.config.id
+                        )
                     completion_tokens += len(completion.token_ids or ())
                     finished = completion.finish_reason is not None
                     meta = (

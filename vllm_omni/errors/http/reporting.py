@@ -1,7 +1,8 @@
 """How a failure is accounted: its record, its log line, the error mode.
 
 Owns the log level of a failure (5xx with traceback, 4xx at INFO, expected
-refusals and replayed job errors at INFO without one), the legacy-fallback
+refusals (overload, a faulted engine) and replayed job errors at INFO
+without one), the legacy-fallback
 counter and its once-per-raise-site warning, the mark on a replayed stored
 error, and the app's error mode. Must not render: callers do.
 """
@@ -100,8 +101,12 @@ def is_replayed(exc: BaseException | None) -> bool:
     return exc is not None and getattr(exc, _REPLAYED, False) is True
 
 
-def _quiet_reason(exc: BaseException | None) -> str | None:
+def _quiet_reason(exc: BaseException | None, details: OmniErrorDetails) -> str | None:
     """Why a server error is expected and logged at INFO without traceback."""
+    # A faulted engine refuses every request until it recovers; the fault
+    # itself is the stage's news, not each refusal (vLLM 0.34+).
+    if details.faulted:
+        return "engine faulted"
     # The engine hands callers a picklable rebuild of upstream's overload
     # error, with the original as its cause.
     if isinstance(exc, QueueOverflowError) or (
@@ -116,7 +121,7 @@ def _quiet_reason(exc: BaseException | None) -> str | None:
 
 
 def _log(exc: BaseException | None, details: OmniErrorDetails) -> None:
-    quiet = _quiet_reason(exc) if details.category == "server" else None
+    quiet = _quiet_reason(exc, details) if details.category == "server" else None
     if quiet is not None:
         logger.info(
             "request %s refused with %d %s (%s)",
