@@ -143,6 +143,11 @@ CHAT_HONOURED: dict[str, tuple[dict[str, Any], Check]] = {
             or pytest.fail(r.text)
         ),
     ),
+    # Entry i configures stage i; stage 1 is the thinker.
+    "sampling_params_list": (
+        {"sampling_params_list": [None, {"max_tokens": 2}]},
+        lambda r: _content(r) == "You said:" or pytest.fail(r.text),
+    ),
 }
 _SEEDED = ""  # filled by the fixture: the reply at seed 11, temperature 1
 _ALLOY = ""  # filled by the fixture: the audio with the default voice
@@ -323,6 +328,7 @@ COMPLETION_HONOURED: dict[str, dict[str, Any]] = {
     "stream": {"stream": True},
     "stream_options": {"stream": True, "stream_options": {"include_usage": True}},
     "user": {"user": "user-42"},
+    "sampling_params_list": {"sampling_params_list": [None, {"max_tokens": 2}]},
 }
 
 

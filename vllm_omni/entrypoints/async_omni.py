@@ -37,7 +37,7 @@ import contextlib
 import os
 import uuid
 import weakref
-from collections.abc import AsyncGenerator, Iterable, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, get_args
 
 from vllm_omni.config import (
@@ -54,6 +54,7 @@ from vllm_omni.engine.orchestrator import (
     StageLauncher,
     Transport,
 )
+from vllm_omni.entrypoints.sampling_params_list import per_stage_params
 from vllm_omni.errors import (
     OmniEngineDeadError,
     VLLMValidationError,
@@ -249,8 +250,17 @@ class AsyncOmni:
         request_id: str | None = None,
         modalities: Iterable[str] | str = ("text",),
         params: Mapping[str, Any] | SamplingParams | None = None,
+        sampling_params_list: Sequence[Any] | None = None,
     ) -> AsyncGenerator[OmniRequestOutput, None]:
         """Run one request; yields outputs, the last with ``finished=True``.
+
+        ``sampling_params_list`` (vllm-omni's per-stage list): entry *i* is a
+        mapping of stage *i*'s parameters or upstream's ``SamplingParams``
+        (``None``: the stage's defaults); for its stage it wins over
+        ``params`` key by key. Each entry is checked before anything runs
+        (``VLLMValidationError``, ``parameter`` e.g.
+        ``sampling_params_list[1].max_tokens``); an entry for a stage this
+        request does not go through is checked and has no effect.
 
         Text streams one output per token (``text_delta``, with the choice
         ``index`` when ``n`` > 1); audio, images and video arrive in the final
@@ -301,6 +311,7 @@ class AsyncOmni:
                 request_id=request_id,
                 modalities=parse_modalities(modalities),
                 params=_plain_params(params),
+                stage_params=per_stage_params(self.config.stages, sampling_params_list),
             )
             # aclosing: closing this generator aborts the request at once.
             async with contextlib.aclosing(stream) as outputs:

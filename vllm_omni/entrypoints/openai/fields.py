@@ -153,6 +153,13 @@ _REFUSED = {
     "chat_template": "a request's own chat template is not trusted",
 }
 
+# vllm-omni's per-stage list: every route that runs stages reads it.
+SAMPLING_PARAMS_LIST = _rule(
+    [ROUTE],
+    "entry i configures stage i, checked as that stage's parameters; it wins "
+    "over the request's fields for its stage (vllm-omni extension)",
+)
+
 _GENERATE_COMMON: dict[str, FieldRule] = {
     "model": _rule([ROUTE], "checked against the served model (404 otherwise)"),
     "stream": _rule([ROUTE], "SSE stream"),
@@ -191,6 +198,7 @@ CHAT: dict[str, FieldRule] = {
     "modalities": _rule([ROUTE], 'text, or text and audio ("audio" needs a talker)'),
     "audio": _rule([ROUTE], "voice for the talker stage; format wav"),
     "lora": _rule(_VLLM, "a LoRA adapter by name (vLLM-Omni extension)"),
+    "sampling_params_list": SAMPLING_PARAMS_LIST,
 }
 
 COMPLETIONS: dict[str, FieldRule] = {
@@ -198,6 +206,7 @@ COMPLETIONS: dict[str, FieldRule] = {
     "prompt": _rule([ROUTE], "one string", _single_prompt),
     "suffix": _rule(_VLLM, "fill-in-the-middle, where the model renders it"),
     "lora": _rule(_VLLM, "a LoRA adapter by name (vLLM-Omni extension)"),
+    "sampling_params_list": SAMPLING_PARAMS_LIST,
 }
 
 SPEECH: dict[str, FieldRule] = {

@@ -52,6 +52,7 @@ __all__ = [
     "OutputFormat",
     "PositiveInt64",
     "Quality",
+    "SamplingParamsList",
     "SpeechRequest",
     "UpstreamChatCompletionRequest",
     "UpstreamCompletionRequest",
@@ -118,6 +119,22 @@ def _unreadable_field(
     return None
 
 
+# vllm-omni's per-stage sampling parameters (``extra_body``): entry *i*
+# configures stage *i*; docs/serving.md, "Per-stage sampling parameters".
+# Entries are checked against their stage, which names the place of a
+# mistake as ``sampling_params_list[1]`` (pydantic would say ``...list.1``).
+SamplingParamsList = list[Any]
+SAMPLING_PARAMS_LIST_DESCRIPTION = (
+    "vllm-omni's per-stage sampling parameters: entry i configures the stage "
+    "with id i (null or {} keeps its defaults) and wins over the request's own "
+    "fields for that stage; each entry is checked as that stage's parameters."
+)
+
+
+def sampling_params_list_field() -> Any:
+    return Field(default=None, description=SAMPLING_PARAMS_LIST_DESCRIPTION)
+
+
 # -- chat --------------------------------------------------------------------------
 
 # Roles of the OpenAI chat API. Upstream also accepts any other string (a
@@ -141,6 +158,7 @@ class ChatCompletionRequest(JsonTypesFirst, UpstreamChatCompletionRequest):
     audio: AudioOptions | None = None
     # A LoRA adapter by name (``extra_body={"lora": ...}``); the stage decides.
     lora: str | None = None
+    sampling_params_list: SamplingParamsList | None = sampling_params_list_field()
 
 
 # -- completions -------------------------------------------------------------------
@@ -154,6 +172,7 @@ class CompletionRequest(JsonTypesFirst, UpstreamCompletionRequest):
 
     # A LoRA adapter by name (``extra_body={"lora": ...}``); the stage decides.
     lora: str | None = None
+    sampling_params_list: SamplingParamsList | None = sampling_params_list_field()
 
 
 # -- speech ------------------------------------------------------------------------

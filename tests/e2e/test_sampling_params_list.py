@@ -1,0 +1,172 @@
+"""vllm-omni's ``sampling_params_list``, sent as its example clients send it.
+
+Requests are shaped like vllm-omni's ``examples/online_serving`` multimodal
+client (a system prompt and a user message of text content parts, the list
+in the official SDK's ``extra_body``), against the reference pipeline (stage
+0 the guardrail, 1 the thinker, 2 the talker, 3 the vocoder, 4 image, 5
+video). Entry *i* changes what stage *i* does, or the request is a 400
+whose ``param`` is the entry's exact place: never a 200 that ignored it.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.e2e.omni_server import OmniServer
+
+MODEL = "omni-reference"
+SEED = 42
+PROMPT = "Explain the system architecture for a scalable audio pipeline."
+# What the greedy reference thinker answers, word by word ("You said: ...").
+REPLY_WORDS = 2 + len(PROMPT.split())
+
+
+def _messages() -> list[dict[str, Any]]:
+    """The example client's system prompt and text query (content parts)."""
+    return [
+        {
+            "role": "system",
+            "content": [{"type": "text", "text": "You are a helpful assistant."}],
+        },
+        {"role": "user", "content": [{"type": "text", "text": PROMPT}]},
+    ]
+
+
+def _thinker(**overrides: Any) -> dict[str, Any]:
+    """The example's thinker entry, with the keys the reference thinker reads."""
+    return {"temperature": 0.0, "max_tokens": 2048, "seed": SEED, **overrides}
+
+
+@pytest.fixture(scope="module")
+def client(omni_server: OmniServer) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=omni_server.base_url + "/v1",
+        api_key=omni_server.api_key,
+        max_retries=0,
+    )
+
+
+def _chat(client: openai.OpenAI, entries: Any, **kwargs: Any) -> Any:
+    return client.chat.completions.create(
+        model=MODEL,
+        messages=_messages(),  # type: ignore[arg-type]
+        extra_body={"sampling_params_list": entries},
+        **kwargs,
+    )
+
+
+def test_the_thinker_entry_bounds_the_completion(client: openai.OpenAI) -> None:
+    whole = _chat(client, [None, _thinker()])
+    assert whole.usage.completion_tokens > 2
+    short = _chat(client, [{}, _thinker(max_tokens=2)])
+    assert short.usage.completion_tokens == 2
+    assert short.choices[0].finish_reason == "length"
+    assert short.choices[0].message.content == "You said:"
+
+
+def test_the_thinker_entry_samples(client: openai.OpenAI) -> None:
+    greedy = _chat(client, [None, _thinker()]).choices[0].message.content
+    sampled = _chat(client, [None, _thinker(temperature=1.0)])
+    again = _chat(client, [None, _thinker(temperature=1.0)])
+    assert sampled.choices[0].message.content != greedy
+    assert again.choices[0].message.content == sampled.choices[0].message.content
+
+
+@pytest.mark.parametrize(
+    "top_level",
+    [{"max_tokens": 9}, {"max_completion_tokens": 9}, {"temperature": 1.0}],
+    ids=["max_tokens", "max_completion_tokens", "temperature"],
+)
+def test_the_entry_wins_over_the_top_level_field(
+    client: openai.OpenAI, top_level: dict[str, Any]
+) -> None:
+    reply = _chat(client, [None, _thinker(max_tokens=2)], **top_level)
+    assert reply.usage.completion_tokens == 2
+    assert reply.choices[0].message.content == "You said:"
+
+
+def test_a_top_level_field_the_entry_does_not_set_still_applies(
+    client: openai.OpenAI,
+) -> None:
+    reply = _chat(client, [None, {"seed": SEED}], max_tokens=3)
+    assert reply.usage.completion_tokens == 3
+
+
+def test_the_talker_entry_sets_the_voice(client: openai.OpenAI) -> None:
+    def audio(entries: Any) -> bytes:
+        reply = _chat(client, entries, modalities=["text", "audio"])
+        return base64.b64decode(reply.choices[0].message.audio.data)
+
+    alloy = audio([None, _thinker(max_tokens=3)])
+    echo = audio([None, _thinker(max_tokens=3), {"voice": "echo"}])
+    assert echo[:4] == b"RIFF" and echo != alloy
+    # An entry for a stage this request does not run is checked, then has no
+    # effect: the talker's voice on a text-only request.
+    text_only = _chat(client, [None, _thinker(max_tokens=3), {"voice": "echo"}])
+    assert text_only.choices[0].message.audio is None
+
+
+def test_streaming_honours_the_entry(client: openai.OpenAI) -> None:
+    stream = _chat(
+        client,
+        [None, _thinker(max_tokens=2)],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "You said:"
+    assert chunks[-1].usage.completion_tokens == 2
+
+
+def test_completions_honour_the_entry(client: openai.OpenAI) -> None:
+    reply = client.completions.create(
+        model=MODEL,
+        prompt=PROMPT,
+        max_tokens=50,
+        extra_body={"sampling_params_list": [None, {"max_tokens": 2}]},
+    )
+    assert reply.usage.completion_tokens == 2
+    assert reply.choices[0].text == "You said:"
+
+
+# entries → the exact ``param`` of the 400.
+REFUSED: dict[str, tuple[Any, str]] = {
+    # The issue's request: entry 0 is the guardrail, which does not sample.
+    "guardrail entry": ([{"max_tokens": 2}, {"max_tokens": 2}], "[0].max_tokens"),
+    "example thinker keys": (
+        [None, _thinker(top_p=1.0, top_k=-1, repetition_penalty=1.1)],
+        "[1].top_p",
+    ),
+    "outside the stage's domain": ([None, {"max_tokens": 0}], "[1].max_tokens"),
+    "wrong type": ([None, {"temperature": "hot"}], "[1].temperature"),
+    "talker speed": ([None, None, {"speed": 9.0}], "[2].speed"),
+    "vocoder takes nothing": ([None, None, None, {"seed": 1}], "[3].seed"),
+    "image size": ([None] * 4 + [{"size": "7x7"}], "[4].size"),
+    "entry not a mapping": ([None, "greedy"], "[1]"),
+    "longer than the pipeline": ([None] * 7, ""),
+    "not a list": ({"max_tokens": 2}, ""),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_what_cannot_be_honoured_is_refused(client: openai.OpenAI, case: str) -> None:
+    entries, where = REFUSED[case]
+    with pytest.raises(openai.BadRequestError) as info:
+        _chat(client, entries)
+    assert info.value.body["param"] == f"sampling_params_list{where}"  # type: ignore[index]
+
+
+def test_openapi_describes_it(omni_server: OmniServer) -> None:
+    document = httpx.get(
+        omni_server.base_url + "/openapi.json", headers=omni_server.headers()
+    ).json()
+    schemas = document["components"]["schemas"]
+    for model in ("ChatCompletionRequest", "CompletionRequest"):
+        field = schemas[model]["properties"]["sampling_params_list"]
+        assert "stage with id i" in field["description"], field
