@@ -11,11 +11,16 @@ whose ``param`` is the entry's exact place: never a 200 that ignored it.
 from __future__ import annotations
 
 import base64
+import io
+import json
+import time
 from typing import Any
 
 import httpx
 import openai
 import pytest
+from PIL import Image
+from websockets.sync.client import ClientConnection, connect
 
 from tests.e2e.omni_server import OmniServer
 
@@ -170,3 +175,121 @@ def test_openapi_describes_it(omni_server: OmniServer) -> None:
     for model in ("ChatCompletionRequest", "CompletionRequest"):
         field = schemas[model]["properties"]["sampling_params_list"]
         assert "stage with id i" in field["description"], field
+
+
+# -- the other routes that run stages ----------------------------------------------
+
+
+def _http(omni_server: OmniServer) -> httpx.Client:
+    return httpx.Client(
+        base_url=omni_server.base_url, headers=omni_server.headers(), timeout=60
+    )
+
+
+def test_speech_honours_the_talker_entry(client: openai.OpenAI) -> None:
+    def speak(entries: Any) -> bytes:
+        return client.audio.speech.create(
+            model=MODEL,
+            input="hello there",
+            voice="alloy",
+            extra_body={"sampling_params_list": entries},
+        ).content
+
+    alloy = speak(None)
+    assert speak([None, None, {"voice": "echo"}]) != alloy
+    assert len(speak([None, None, {"speed": 2.0}])) < len(alloy)
+    with pytest.raises(openai.BadRequestError) as info:
+        speak([None, None, {"speed": 9.0}])
+    assert info.value.body["param"] == "sampling_params_list[2].speed"  # type: ignore[index]
+
+
+def test_images_honour_the_image_entry(client: openai.OpenAI) -> None:
+    def images(entries: Any) -> list[str]:
+        reply = client.images.generate(
+            model=MODEL, prompt="a cat", extra_body={"sampling_params_list": entries}
+        )
+        return [image.b64_json or "" for image in reply.data or []]
+
+    default = images(None)
+    assert len(images([None] * 4 + [{"n": 2}])) == 2
+    assert images([None] * 4 + [{"seed": 7}]) != default
+    with pytest.raises(openai.BadRequestError) as info:
+        images([None] * 4 + [{"size": "7x7"}])
+    assert info.value.body["param"] == "sampling_params_list[4].size"  # type: ignore[index]
+
+
+def test_image_edits_read_the_list_as_json_text(omni_server: OmniServer) -> None:
+    buffer = io.BytesIO()
+    Image.new("RGB", (64, 64), "red").save(buffer, "PNG")
+    files = {"image": ("in.png", buffer.getvalue(), "image/png")}
+    with _http(omni_server) as http:
+        two = http.post(
+            "/v1/images/edits",
+            files=files,
+            data={
+                "prompt": "bluer",
+                "sampling_params_list": '[null,null,null,null,{"n":2}]',
+            },
+        )
+        assert two.status_code == 200, two.text
+        assert len(two.json()["data"]) == 2
+        bad = http.post(
+            "/v1/images/edits",
+            files=files,
+            data={"prompt": "bluer", "sampling_params_list": "[null,"},
+        )
+    assert bad.status_code == 400
+    assert bad.json()["error"]["param"] == "sampling_params_list"
+
+
+def test_video_create_checks_the_list_before_the_job(omni_server: OmniServer) -> None:
+    with _http(omni_server) as http:
+        bad = http.post(
+            "/v1/videos",
+            json={
+                "prompt": "waves",
+                "sampling_params_list": [None] * 5 + [{"fps": 99}],
+            },
+        )
+    assert bad.status_code == 400, bad.text
+    assert bad.json()["error"]["param"] == "sampling_params_list[5].fps"
+
+
+def test_realtime_response_create_honours_the_entry(omni_server: OmniServer) -> None:
+    url = omni_server.base_url.replace("http://", "ws://", 1) + "/v1/realtime"
+
+    def respond(ws: ClientConnection, entries: Any) -> list[dict[str, Any]]:
+        response = {"instructions": PROMPT, "sampling_params_list": entries}
+        ws.send(json.dumps({"type": "response.create", "response": response}))
+        events = []
+        while not events or events[-1]["type"] not in ("response.done", "error"):
+            events.append(json.loads(ws.recv(timeout=10)))
+        return events
+
+    with connect(url, additional_headers=omni_server.headers()) as ws:
+        assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
+        events = respond(ws, [None, {"max_tokens": 2}])
+        text = "".join(e["delta"] for e in events if e["type"] == "response.text.delta")
+        assert text == "You said:"
+        (error,) = [
+            e for e in respond(ws, [None, {"top_k": 2}]) if e["type"] == "error"
+        ]
+    assert error["error"]["param"] == "response.sampling_params_list[1].top_k"
+
+
+def test_a_video_job_runs_with_the_entry(omni_server: OmniServer) -> None:
+    entries = [None] * 5 + [{"fps": 3, "seconds": 1}]
+    with _http(omni_server) as http:
+        job = http.post(
+            "/v1/videos", json={"prompt": "waves", "sampling_params_list": entries}
+        )
+        assert job.status_code == 200, job.text
+        video_id = job.json()["id"]
+        deadline = time.monotonic() + 30
+        while http.get(f"/v1/videos/{video_id}").json()["status"] != "completed":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        content = http.get(f"/v1/videos/{video_id}/content")
+    assert content.status_code == 200
+    with Image.open(io.BytesIO(content.content)) as gif:
+        assert gif.n_frames == 3

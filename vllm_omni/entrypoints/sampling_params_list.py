@@ -13,6 +13,7 @@ module builds no response and catches nothing to restyle it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,7 +21,7 @@ from vllm_omni.config import StageConfig
 from vllm_omni.errors import VLLMValidationError
 from vllm_omni.stages import check_stage_params, entry_params
 
-__all__ = ["PARAMETER", "per_stage_params"]
+__all__ = ["PARAMETER", "form_entries", "per_stage_params"]
 
 PARAMETER = "sampling_params_list"
 
@@ -63,6 +64,23 @@ def per_stage_params(
         if params:
             chosen[stage.id] = params
     return chosen
+
+
+def form_entries(value: object) -> object:
+    """The list a form field carries as JSON text (``None`` when absent);
+    text that is not JSON is a 400 on the field. ``per_stage_params`` checks
+    what it holds."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except (ValueError, RecursionError):
+        raise VLLMValidationError(
+            f"{PARAMETER} must be a JSON list with one entry per stage",
+            parameter=PARAMETER,
+        ) from None
 
 
 def _entry(stage: StageConfig, entry: object, where: str) -> dict[str, Any]:

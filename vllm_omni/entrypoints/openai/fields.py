@@ -217,6 +217,7 @@ SPEECH: dict[str, FieldRule] = {
     "speed": _rule({"talker"}, "0.25 to 4"),
     "instructions": _rule(_NOBODY, "voice instructions are not supported"),
     "stream_format": _rule(_NOBODY, "only whole audio (stream_format audio)"),
+    "sampling_params_list": SAMPLING_PARAMS_LIST,
 }
 
 _IMAGES_COMMON: dict[str, FieldRule] = {
@@ -232,6 +233,7 @@ _IMAGES_COMMON: dict[str, FieldRule] = {
     "output_compression": _rule(_NOBODY, "the output is PNG"),
     "stream": _rule(_NOBODY, "image streaming is not supported"),
     "partial_images": _rule(_NOBODY, "image streaming is not supported"),
+    "sampling_params_list": SAMPLING_PARAMS_LIST,
 }
 
 IMAGE_GENERATIONS: dict[str, FieldRule] = {
@@ -246,6 +248,7 @@ IMAGE_EDITS: dict[str, FieldRule] = {
     "image": _rule({"image"}, "the image to edit (PNG, JPEG, GIF, WebP)"),
     "mask": _rule(_NOBODY, "masks are not supported"),
     "input_fidelity": _rule(_NOBODY, "input fidelity is not supported"),
+    "sampling_params_list": SAMPLING_PARAMS_LIST,
 }
 
 VIDEOS: dict[str, FieldRule] = {
@@ -253,6 +256,7 @@ VIDEOS: dict[str, FieldRule] = {
     "prompt": _rule([ROUTE], "the video prompt"),
     "seconds": _rule({"video"}, "0.1 to 10 s"),
     "size": _rule({"video"}, "WxH, sides 64 to 512, multiples of 8"),
+    "sampling_params_list": SAMPLING_PARAMS_LIST,
 }
 
 REALTIME_RESPONSE: dict[str, FieldRule] = {
@@ -268,6 +272,7 @@ REALTIME_RESPONSE: dict[str, FieldRule] = {
     "conversation": _rule(_NOBODY, "conversations are not supported"),
     "input": _rule(_NOBODY, "conversation items are not supported"),
     "metadata": _rule(_NOBODY, "metadata is not stored"),
+    "sampling_params_list": SAMPLING_PARAMS_LIST,
 }
 
 # Route → (its request's table, the operation it documents).

@@ -35,6 +35,7 @@ __all__ = [
     "INT64_MAX",
     "INT64_MIN",
     "ROLES",
+    "SAMPLING_PARAMS_LIST_DESCRIPTION",
     "VIDEO_CREATE_BODY",
     "VIDEO_DEFAULT_PAGE",
     "VIDEO_MAX_PAGE",
@@ -191,6 +192,7 @@ class SpeechRequest(BaseModel):
     speed: float | None = None
     instructions: str | None = None
     stream_format: Literal["sse", "audio"] = "audio"
+    sampling_params_list: SamplingParamsList | None = sampling_params_list_field()
 
 
 # -- images ------------------------------------------------------------------------
@@ -223,12 +225,13 @@ class ImageGenerationRequest(BaseModel):
     output_compression: int | None = Field(default=None, ge=0, le=100)
     stream: bool = False
     partial_images: int | None = Field(default=None, ge=0, le=3)
+    sampling_params_list: SamplingParamsList | None = sampling_params_list_field()
 
 
 # -- videos ------------------------------------------------------------------------
 
 VIDEO_MAX_PROMPT_CHARS = 32_000
-_VIDEO_FIELDS = ("prompt", "model", "seconds", "size")
+_VIDEO_FIELDS = ("prompt", "model", "seconds", "size", "sampling_params_list")
 VIDEO_VARIANTS = ("video", "thumbnail", "spritesheet")
 VIDEO_DEFAULT_PAGE = 20
 VIDEO_MAX_PAGE = 100
@@ -242,6 +245,10 @@ _JSON_FIELDS: dict[str, Any] = {
     "model": {"type": ["string", "null"]},
     "seconds": {"type": ["number", "string", "null"]},
     "size": {"type": ["string", "null"]},
+    "sampling_params_list": {
+        "type": ["array", "null"],
+        "description": SAMPLING_PARAMS_LIST_DESCRIPTION,
+    },
 }
 VIDEO_CREATE_BODY = {
     "required": True,

@@ -24,6 +24,7 @@ from vllm_omni.entrypoints.openai.fields import check_fields, log_ignored
 from vllm_omni.entrypoints.openai.openapi import check_body
 from vllm_omni.entrypoints.openai.protocol import (
     INT64_MAX,
+    SAMPLING_PARAMS_LIST_DESCRIPTION,
     Background,
     ImageGenerationRequest,
     OutputFormat,
@@ -37,6 +38,7 @@ from vllm_omni.entrypoints.openai.serving_common import (
     request_id_of,
     require_modality,
 )
+from vllm_omni.entrypoints.sampling_params_list import form_entries
 from vllm_omni.errors import GenerationError, VLLMUnprocessableEntityError
 from vllm_omni.stages.image import probe_image
 
@@ -46,10 +48,18 @@ router = APIRouter()
 
 
 async def _images(
-    engine: AsyncOmni, prompt: str, request_id: str, params: dict[str, Any]
+    engine: AsyncOmni,
+    prompt: str,
+    request_id: str,
+    params: dict[str, Any],
+    sampling_params_list: list[Any] | None,
 ) -> dict[str, Any]:
     stream = engine.generate(
-        prompt, request_id=request_id, modalities=["image"], params=params
+        prompt,
+        request_id=request_id,
+        modalities=["image"],
+        params=params,
+        sampling_params_list=sampling_params_list,
     )
     images: list[bytes] = []
     async with contextlib.aclosing(stream) as outputs:
@@ -83,7 +93,9 @@ async def generate_images(
     params: dict[str, Any] = {"n": body.n, "size": body.size}
     if body.seed is not None:
         params["seed"] = body.seed
-    return await _images(engine, body.prompt, request_id_of(request), params)
+    return await _images(
+        engine, body.prompt, request_id_of(request), params, body.sampling_params_list
+    )
 
 
 @router.post("/v1/images/edits")
@@ -104,6 +116,9 @@ async def edit_images(
     stream: bool = Form(False),
     partial_images: int | None = Form(None, ge=0, le=3),
     mask: UploadFile | None = None,
+    sampling_params_list: str | None = Form(
+        None, description=f"JSON. {SAMPLING_PARAMS_LIST_DESCRIPTION}"
+    ),
 ) -> dict[str, Any]:
     engine = engine_of(request)
     await engine.check_health()
@@ -138,4 +153,5 @@ async def edit_images(
         "max_image_pixels": limits.max_image_pixels,
         "max_image_frames": limits.max_image_frames,
     }
-    return await _images(engine, prompt, request_id_of(request), params)
+    entries = form_entries(sampling_params_list)
+    return await _images(engine, prompt, request_id_of(request), params, entries)
