@@ -419,6 +419,44 @@ def test_speech_fields(http: httpx.Client) -> None:
     )
 
 
+# vllm-omni 0.30's speech fields (its protocol/audio.py), as its clients send
+# them: each refused by name.
+SPEECH_030: dict[str, Any] = {
+    "stream": True,
+    "sample_rate": 24000,
+    "task_type": "CustomVoice",
+    "language": "English",
+    "ref_audio": "data:audio/wav;base64,AAAA",
+    "ref_text": "hello",
+    "ref_audio_2": "data:audio/wav;base64,AAAA",
+    "ambient_sound": "rain",
+    "duration_seconds": 2.0,
+    "x_vector_only_mode": True,
+    "speaker_embedding": [0.1, 0.2],
+    "max_new_tokens": 64,
+    "seed": 1,
+    "initial_codec_chunk_frames": 4,
+    "non_streaming_mode": True,
+    "extra_params": {"a": 1},
+    "word_timestamps": True,
+}
+
+
+def test_vllm_omni_speech_fields(http: httpx.Client) -> None:
+    base = {"input": "hello world"}
+    nova = http.post(SPEECH, json={**base, "voice": "nova"})
+    speaker = http.post(SPEECH, json={**base, "speaker": "nova"})
+    assert speaker.status_code == 200 and speaker.content == nova.content
+    assert http.post(SPEECH, json={**base, "speaker": "nobody"}).status_code == 404
+    assert set(SPEECH_030) < set(SpeechRequest.model_fields)
+    for name, value in SPEECH_030.items():
+        _refused(http.post(SPEECH, json={**base, name: value}), name)
+    # Their defaults are not "set": a client that sends them is honoured.
+    off = {"stream": False, "word_timestamps": False, "seed": None}
+    honoured = http.post(SPEECH, json={**base, **off})
+    assert honoured.status_code == 200, honoured.text
+
+
 def _image(response: httpx.Response) -> Image.Image:
     import base64
 

@@ -172,9 +172,24 @@ def test_openapi_describes_it(omni_server: OmniServer) -> None:
         omni_server.base_url + "/openapi.json", headers=omni_server.headers()
     ).json()
     schemas = document["components"]["schemas"]
-    for model in ("ChatCompletionRequest", "CompletionRequest"):
+    for model in (
+        "ChatCompletionRequest",
+        "CompletionRequest",
+        "SpeechRequest",
+        "ImageGenerationRequest",
+    ):
         field = schemas[model]["properties"]["sampling_params_list"]
         assert "stage with id i" in field["description"], field
+        # Entry i is stage i's parameters, with their domains.
+        stages = field["anyOf"][0]["prefixItems"]
+        assert [s["description"] for s in stages][:2] == [
+            "stage 0 (guardrail, guardrail)",
+            "stage 1 (thinker, text)",
+        ]
+        thinker = stages[1]["anyOf"][0]
+        assert thinker["additionalProperties"] is False
+        assert thinker["properties"]["max_tokens"]["maximum"] == 4096
+        assert field["anyOf"][0]["items"] is False
 
 
 # -- the other routes that run stages ----------------------------------------------
@@ -218,28 +233,24 @@ def test_images_honour_the_image_entry(client: openai.OpenAI) -> None:
     assert info.value.body["param"] == "sampling_params_list[4].size"  # type: ignore[index]
 
 
-def test_image_edits_read_the_list_as_json_text(omni_server: OmniServer) -> None:
+def test_a_form_is_refused_the_list_by_name(omni_server: OmniServer) -> None:
+    """Image edits and video forms: a form field is text; the list is JSON's."""
     buffer = io.BytesIO()
     Image.new("RGB", (64, 64), "red").save(buffer, "PNG")
     files = {"image": ("in.png", buffer.getvalue(), "image/png")}
+    entries = '[null,null,null,null,{"n":2}]'
     with _http(omni_server) as http:
-        two = http.post(
+        edit = http.post(
             "/v1/images/edits",
             files=files,
-            data={
-                "prompt": "bluer",
-                "sampling_params_list": '[null,null,null,null,{"n":2}]',
-            },
+            data={"prompt": "bluer", "sampling_params_list": entries},
         )
-        assert two.status_code == 200, two.text
-        assert len(two.json()["data"]) == 2
-        bad = http.post(
-            "/v1/images/edits",
-            files=files,
-            data={"prompt": "bluer", "sampling_params_list": "[null,"},
+        video = http.post(
+            "/v1/videos", data={"prompt": "waves", "sampling_params_list": entries}
         )
-    assert bad.status_code == 400
-    assert bad.json()["error"]["param"] == "sampling_params_list"
+    for refused in (edit, video):
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["param"] == "sampling_params_list"
 
 
 def test_video_create_checks_the_list_before_the_job(omni_server: OmniServer) -> None:

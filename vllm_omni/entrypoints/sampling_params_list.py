@@ -13,7 +13,6 @@ module builds no response and catches nothing to restyle it.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,7 +20,7 @@ from vllm_omni.config import StageConfig
 from vllm_omni.errors import VLLMValidationError
 from vllm_omni.stages import check_stage_params, entry_params
 
-__all__ = ["PARAMETER", "form_entries", "per_stage_params"]
+__all__ = ["PARAMETER", "json_only_entries", "per_stage_params"]
 
 PARAMETER = "sampling_params_list"
 
@@ -66,21 +65,13 @@ def per_stage_params(
     return chosen
 
 
-def form_entries(value: object) -> object:
-    """The list a form field carries as JSON text (``None`` when absent);
-    text that is not JSON is a 400 on the field. ``per_stage_params`` checks
-    what it holds."""
-    if value is None or (isinstance(value, str) and not value.strip()):
-        return None
-    if not isinstance(value, str):
-        return value
-    try:
-        return json.loads(value)
-    except (ValueError, RecursionError):
-        raise VLLMValidationError(
-            f"{PARAMETER} must be a JSON list with one entry per stage",
-            parameter=PARAMETER,
-        ) from None
+def json_only_entries() -> VLLMValidationError:
+    """The 400 for a list sent in a form (image edits, video forms): a form
+    field is text, and a list of per-stage mappings is JSON's."""
+    return VLLMValidationError(
+        f"{PARAMETER} is read from a JSON body only, not from a form",
+        parameter=PARAMETER,
+    )
 
 
 def _entry(stage: StageConfig, entry: object, where: str) -> dict[str, Any]:
@@ -112,7 +103,12 @@ def _entry(stage: StageConfig, entry: object, where: str) -> dict[str, Any]:
                 f"{where}.{key} cannot be honoured: {what}.",
                 parameter=f"{where}.{key}",
             )
-    params = dict(entry)
+    # JSON has one number type: 2.0 is an integer to a JSON schema, and to
+    # every parameter here (a float parameter takes an int).
+    params = {
+        key: int(value) if isinstance(value, float) and value.is_integer() else value
+        for key, value in entry.items()
+    }
     try:
         check_stage_params(stage.kind, params)
     except VLLMValidationError as exc:

@@ -209,15 +209,39 @@ COMPLETIONS: dict[str, FieldRule] = {
     "sampling_params_list": SAMPLING_PARAMS_LIST,
 }
 
+# vllm-omni 0.30's speech fields that the reference talker does not honour.
+_SPEECH_030 = {
+    "stream": "only whole audio (stream_format audio)",
+    "sample_rate": "the audio is 16 kHz",
+    "task_type": "TTS task types are not supported",
+    "language": "the talker has no language setting",
+    "ref_audio": "voice cloning is not supported",
+    "ref_text": "voice cloning is not supported",
+    "ref_audio_2": "voice cloning is not supported",
+    "ambient_sound": "ambient sound is not supported",
+    "duration_seconds": "a target duration is not supported",
+    "x_vector_only_mode": "voice cloning is not supported",
+    "speaker_embedding": "speaker embeddings are not supported",
+    "max_new_tokens": "the talker's length follows the input",
+    "seed": "the talker is deterministic",
+    "initial_codec_chunk_frames": "only whole audio (stream_format audio)",
+    "non_streaming_mode": "only whole audio (stream_format audio)",
+    "extra_params": "model-specific parameters are not supported",
+    "word_timestamps": "word timestamps are not returned",
+}
+
 SPEECH: dict[str, FieldRule] = {
     "model": _rule([ROUTE], "checked against the served model (404 otherwise)"),
     "input": _rule([ROUTE], "the text to speak"),
-    "voice": _rule({"talker"}, "one of GET /v1/audio/voices (404 otherwise)"),
+    "voice": _rule(
+        {"talker"}, "one of GET /v1/audio/voices (404 otherwise); alias speaker"
+    ),
     "response_format": _rule([ROUTE], "wav only"),
     "speed": _rule({"talker"}, "0.25 to 4"),
     "instructions": _rule(_NOBODY, "voice instructions are not supported"),
     "stream_format": _rule(_NOBODY, "only whole audio (stream_format audio)"),
     "sampling_params_list": SAMPLING_PARAMS_LIST,
+    **{name: _rule(_NOBODY, why) for name, why in _SPEECH_030.items()},
 }
 
 _IMAGES_COMMON: dict[str, FieldRule] = {

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
+    AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
@@ -187,12 +188,33 @@ class SpeechRequest(BaseModel):
 
     model: str | None = None
     input: str = Field(min_length=1, max_length=4096)
-    voice: str = "alloy"
+    # vllm-omni's clients send the voice as ``speaker`` (its alias there).
+    voice: str = Field(
+        default="alloy", validation_alias=AliasChoices("voice", "speaker")
+    )
     response_format: Literal["wav"] = "wav"
     speed: float | None = None
     instructions: str | None = None
     stream_format: Literal["sse", "audio"] = "audio"
     sampling_params_list: SamplingParamsList | None = sampling_params_list_field()
+    # vllm-omni 0.30's speech fields, each refused by name (``fields.py``).
+    stream: bool = False
+    sample_rate: int | None = None
+    task_type: str | None = None
+    language: str | None = None
+    ref_audio: str | list[str] | None = None
+    ref_text: str | None = None
+    ref_audio_2: str | None = None
+    ambient_sound: str | None = None
+    duration_seconds: float | None = None
+    x_vector_only_mode: bool | None = None
+    speaker_embedding: list[float] | list[list[float]] | None = None
+    max_new_tokens: int | None = None
+    seed: int | None = None
+    initial_codec_chunk_frames: int | None = None
+    non_streaming_mode: bool | None = None
+    extra_params: dict[str, Any] | None = None
+    word_timestamps: bool = False
 
 
 # -- images ------------------------------------------------------------------------
@@ -231,7 +253,7 @@ class ImageGenerationRequest(BaseModel):
 # -- videos ------------------------------------------------------------------------
 
 VIDEO_MAX_PROMPT_CHARS = 32_000
-_VIDEO_FIELDS = ("prompt", "model", "seconds", "size", "sampling_params_list")
+_VIDEO_FIELDS = ("prompt", "model", "seconds", "size")
 VIDEO_VARIANTS = ("video", "thumbnail", "spritesheet")
 VIDEO_DEFAULT_PAGE = 20
 VIDEO_MAX_PAGE = 100

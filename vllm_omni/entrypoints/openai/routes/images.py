@@ -24,7 +24,6 @@ from vllm_omni.entrypoints.openai.fields import check_fields, log_ignored
 from vllm_omni.entrypoints.openai.openapi import check_body
 from vllm_omni.entrypoints.openai.protocol import (
     INT64_MAX,
-    SAMPLING_PARAMS_LIST_DESCRIPTION,
     Background,
     ImageGenerationRequest,
     OutputFormat,
@@ -38,7 +37,7 @@ from vllm_omni.entrypoints.openai.serving_common import (
     request_id_of,
     require_modality,
 )
-from vllm_omni.entrypoints.sampling_params_list import form_entries
+from vllm_omni.entrypoints.sampling_params_list import PARAMETER, json_only_entries
 from vllm_omni.errors import GenerationError, VLLMUnprocessableEntityError
 from vllm_omni.stages.image import probe_image
 
@@ -116,9 +115,6 @@ async def edit_images(
     stream: bool = Form(False),
     partial_images: int | None = Form(None, ge=0, le=3),
     mask: UploadFile | None = None,
-    sampling_params_list: str | None = Form(
-        None, description=f"JSON. {SAMPLING_PARAMS_LIST_DESCRIPTION}"
-    ),
 ) -> dict[str, Any]:
     engine = engine_of(request)
     await engine.check_health()
@@ -153,5 +149,6 @@ async def edit_images(
         "max_image_pixels": limits.max_image_pixels,
         "max_image_frames": limits.max_image_frames,
     }
-    entries = form_entries(sampling_params_list)
-    return await _images(engine, prompt, request_id_of(request), params, entries)
+    if PARAMETER in await request.form():
+        raise json_only_entries()
+    return await _images(engine, prompt, request_id_of(request), params, None)

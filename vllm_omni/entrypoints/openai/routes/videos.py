@@ -55,7 +55,7 @@ from vllm_omni.entrypoints.openai.serving_common import (
 )
 from vllm_omni.entrypoints.sampling_params_list import (
     PARAMETER,
-    form_entries,
+    json_only_entries,
     per_stage_params,
 )
 from vllm_omni.errors import (
@@ -227,7 +227,9 @@ async def create_video(request: Request) -> dict[str, Any]:
     if size is not None:
         params["size"] = size
     # Checked now, as the rest of the body: the job runs after the 200.
-    entries = form_entries(fields.get(PARAMETER))
+    entries = fields.get(PARAMETER)
+    if entries is not None and media_type != "application/json":
+        raise json_only_entries()
     if entries is not None and per_stage_params(engine.config.stages, entries):
         params[PARAMETER] = entries
     job = await _jobs_of(request).submit(
