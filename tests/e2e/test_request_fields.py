@@ -457,6 +457,37 @@ def test_vllm_omni_speech_fields(http: httpx.Client) -> None:
     assert honoured.status_code == 200, honoured.text
 
 
+# vllm-omni 0.30's image generation fields (its protocol/images.py): each
+# refused by name.
+IMAGES_030: dict[str, Any] = {
+    "bot_task": "think",
+    "layers": 2,
+    "negative_prompt": "blurry",
+    "system_prompt": "be bold",
+    "use_system_prompt": "yes",
+    "num_inference_steps": 20,
+    "guidance_scale": 4.5,
+    "true_cfg_scale": 4.0,
+    "flow_shift": 3.0,
+    "extra_params": {"a": 1},
+    "generator_device": "cpu",
+    "lora": {"name": "a"},
+    "vae_use_slicing": True,
+    "vae_use_tiling": True,
+    "return_stage_metrics": True,
+}
+
+
+def test_vllm_omni_image_fields(http: httpx.Client) -> None:
+    base = {"prompt": "a red square"}
+    assert set(IMAGES_030) < set(ImageGenerationRequest.model_fields)
+    for name, value in IMAGES_030.items():
+        _refused(http.post(GENERATIONS, json={**base, name: value}), name)
+    off = {"vae_use_slicing": False, "negative_prompt": None}
+    honoured = http.post(GENERATIONS, json={**base, **off})
+    assert honoured.status_code == 200, honoured.text
+
+
 def _image(response: httpx.Response) -> Image.Image:
     import base64
 

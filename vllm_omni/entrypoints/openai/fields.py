@@ -260,11 +260,33 @@ _IMAGES_COMMON: dict[str, FieldRule] = {
     "sampling_params_list": SAMPLING_PARAMS_LIST,
 }
 
+# vllm-omni 0.30's image fields (diffusion settings) the reference image
+# stage does not honour.
+_DIFFUSION = "diffusion settings are not supported by this image stage"
+_IMAGES_030 = {
+    "bot_task": "AR task modes are not supported",
+    "layers": "layered output is not supported",
+    "negative_prompt": "negative prompts are not supported",
+    "system_prompt": "system prompts are not supported",
+    "use_system_prompt": "system prompts are not supported",
+    "num_inference_steps": _DIFFUSION,
+    "guidance_scale": _DIFFUSION,
+    "true_cfg_scale": _DIFFUSION,
+    "flow_shift": _DIFFUSION,
+    "extra_params": "model-specific parameters are not supported",
+    "generator_device": _DIFFUSION,
+    "lora": "image LoRA adapters are not supported",
+    "vae_use_slicing": _DIFFUSION,
+    "vae_use_tiling": _DIFFUSION,
+    "return_stage_metrics": "stage metrics are on /metrics, not in responses",
+}
+
 IMAGE_GENERATIONS: dict[str, FieldRule] = {
     **_IMAGES_COMMON,
     "seed": _rule({"image"}, "seed (vLLM-Omni extension)"),
     "style": _rule(_NOBODY, "styles are not supported"),
     "moderation": _rule(_NOBODY, "moderation levels are not supported"),
+    **{name: _rule(_NOBODY, why) for name, why in _IMAGES_030.items()},
 }
 
 IMAGE_EDITS: dict[str, FieldRule] = {

@@ -248,6 +248,22 @@ class ImageGenerationRequest(BaseModel):
     stream: bool = False
     partial_images: int | None = Field(default=None, ge=0, le=3)
     sampling_params_list: SamplingParamsList | None = sampling_params_list_field()
+    # vllm-omni 0.30's image fields, each refused by name (``fields.py``).
+    bot_task: str | None = None
+    layers: int | None = None
+    negative_prompt: str | None = None
+    system_prompt: str | None = None
+    use_system_prompt: str | None = None
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    true_cfg_scale: float | None = None
+    flow_shift: float | None = None
+    extra_params: dict[str, Any] | None = None
+    generator_device: str | None = None
+    lora: dict[str, Any] | None = None
+    vae_use_slicing: bool = False
+    vae_use_tiling: bool = False
+    return_stage_metrics: bool | None = None
 
 
 # -- videos ------------------------------------------------------------------------
