@@ -99,7 +99,13 @@ class _RaisingEngine:
         return StageConfig(1, "thinker", "text") if modality == "text" else None
 
     async def generate(
-        self, prompt: str, *, request_id: str, modalities: Any, params: Any
+        self,
+        prompt: str,
+        *,
+        request_id: str,
+        modalities: Any,
+        params: Any,
+        sampling_params_list: Any = None,
     ) -> AsyncIterator[OmniRequestOutput]:
         if "later" in prompt:
             yield OmniRequestOutput(request_id=request_id, text_delta="w ")

@@ -357,7 +357,13 @@ class _AheadEngine:
         return StageConfig(1, "thinker", "text") if modality == "text" else None
 
     async def generate(
-        self, prompt: str, *, request_id: str, modalities: Any, params: Any
+        self,
+        prompt: str,
+        *,
+        request_id: str,
+        modalities: Any,
+        params: Any,
+        sampling_params_list: Any = None,
     ) -> AsyncIterator[OmniRequestOutput]:
         try:
             for _ in range(self.OUTPUTS):

@@ -143,6 +143,11 @@ CHAT_HONOURED: dict[str, tuple[dict[str, Any], Check]] = {
             or pytest.fail(r.text)
         ),
     ),
+    # Entry i configures stage i; stage 1 is the thinker.
+    "sampling_params_list": (
+        {"sampling_params_list": [None, {"max_tokens": 2}]},
+        lambda r: _content(r) == "You said:" or pytest.fail(r.text),
+    ),
 }
 _SEEDED = ""  # filled by the fixture: the reply at seed 11, temperature 1
 _ALLOY = ""  # filled by the fixture: the audio with the default voice
@@ -323,6 +328,7 @@ COMPLETION_HONOURED: dict[str, dict[str, Any]] = {
     "stream": {"stream": True},
     "stream_options": {"stream": True, "stream_options": {"include_usage": True}},
     "user": {"user": "user-42"},
+    "sampling_params_list": {"sampling_params_list": [None, {"max_tokens": 2}]},
 }
 
 
@@ -411,6 +417,75 @@ def test_speech_fields(http: httpx.Client) -> None:
     _refused(
         http.post(SPEECH, json={**base, "response_format": "mp3"}), "response_format"
     )
+
+
+# vllm-omni 0.30's speech fields (its protocol/audio.py), as its clients send
+# them: each refused by name.
+SPEECH_030: dict[str, Any] = {
+    "stream": True,
+    "sample_rate": 24000,
+    "task_type": "CustomVoice",
+    "language": "English",
+    "ref_audio": "data:audio/wav;base64,AAAA",
+    "ref_text": "hello",
+    "ref_audio_2": "data:audio/wav;base64,AAAA",
+    "ambient_sound": "rain",
+    "duration_seconds": 2.0,
+    "x_vector_only_mode": True,
+    "speaker_embedding": [0.1, 0.2],
+    "max_new_tokens": 64,
+    "seed": 1,
+    "initial_codec_chunk_frames": 4,
+    "non_streaming_mode": True,
+    "extra_params": {"a": 1},
+    "word_timestamps": True,
+}
+
+
+def test_vllm_omni_speech_fields(http: httpx.Client) -> None:
+    base = {"input": "hello world"}
+    nova = http.post(SPEECH, json={**base, "voice": "nova"})
+    speaker = http.post(SPEECH, json={**base, "speaker": "nova"})
+    assert speaker.status_code == 200 and speaker.content == nova.content
+    assert http.post(SPEECH, json={**base, "speaker": "nobody"}).status_code == 404
+    assert set(SPEECH_030) < set(SpeechRequest.model_fields)
+    for name, value in SPEECH_030.items():
+        _refused(http.post(SPEECH, json={**base, name: value}), name)
+    # Their defaults are not "set": a client that sends them is honoured.
+    off = {"stream": False, "word_timestamps": False, "seed": None}
+    honoured = http.post(SPEECH, json={**base, **off})
+    assert honoured.status_code == 200, honoured.text
+
+
+# vllm-omni 0.30's image generation fields (its protocol/images.py): each
+# refused by name.
+IMAGES_030: dict[str, Any] = {
+    "bot_task": "think",
+    "layers": 2,
+    "negative_prompt": "blurry",
+    "system_prompt": "be bold",
+    "use_system_prompt": "yes",
+    "num_inference_steps": 20,
+    "guidance_scale": 4.5,
+    "true_cfg_scale": 4.0,
+    "flow_shift": 3.0,
+    "extra_params": {"a": 1},
+    "generator_device": "cpu",
+    "lora": {"name": "a"},
+    "vae_use_slicing": True,
+    "vae_use_tiling": True,
+    "return_stage_metrics": True,
+}
+
+
+def test_vllm_omni_image_fields(http: httpx.Client) -> None:
+    base = {"prompt": "a red square"}
+    assert set(IMAGES_030) < set(ImageGenerationRequest.model_fields)
+    for name, value in IMAGES_030.items():
+        _refused(http.post(GENERATIONS, json={**base, name: value}), name)
+    off = {"vae_use_slicing": False, "negative_prompt": None}
+    honoured = http.post(GENERATIONS, json={**base, **off})
+    assert honoured.status_code == 200, honoured.text
 
 
 def _image(response: httpx.Response) -> Image.Image:

@@ -120,6 +120,9 @@ def test_logging_config_is_followed_and_no_helper_outlives_close(
         proc.wait()
     assert error_type == "GuardrailViolationError"
     lines = stderr_path.read_text().splitlines()
+    # A stage writes its line whole, but it may follow the progress bar
+    # ("Processed prompts", redrawn with "\r") on the terminal's line.
+    lines = [line.rsplit("it/s]", 1)[-1] for line in lines]
     stamped = [m for m in map(_STAMPED.match, lines) if m]
     assert [m["rid"] for m in stamped] == [request_id], lines[-40:]
 

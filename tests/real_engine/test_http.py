@@ -292,3 +292,31 @@ def test_unknown_adapter_is_a_404_and_the_engine_keeps_serving(
     reply = chat(client, "hello world", max_tokens=4, extra_body={"ignore_eos": True})
     assert reply.choices[0].finish_reason == "length"
     assert "LoRAAdapterNotFoundError" not in server.log()
+
+
+def test_sampling_params_list_reaches_the_vllm_stage(client: openai.OpenAI) -> None:
+    """vllm-omni's per-stage list: entry 1 is the ``vllm`` stage (0 is the
+    guardrail); its keys win over the request's own, upstream checks them."""
+    entries = [None, {"max_tokens": 2, "ignore_eos": True, "temperature": 0.5}]
+    reply = chat(
+        client,
+        "hello world",
+        max_tokens=10,
+        extra_body={"sampling_params_list": entries},
+    )
+    assert reply.usage.completion_tokens == 2
+    assert reply.choices[0].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError) as info:
+        chat(
+            client,
+            "hello world",
+            extra_body={"sampling_params_list": [None, {"top_k": -5}]},
+        )
+    assert error_of(info.value)["param"] == "sampling_params_list[1].top_k"
+    with pytest.raises(openai.BadRequestError) as info:
+        chat(
+            client,
+            "hello world",
+            extra_body={"sampling_params_list": [{"temperature": 0.5}]},
+        )
+    assert error_of(info.value)["param"] == "sampling_params_list[0].temperature"

@@ -294,6 +294,29 @@ def _bad_param(value: object, path: str, depth: int = 0) -> str | None:
     return path
 
 
+# Request keys that set the same thing: an entry's one supersedes the others.
+_SAME_SETTING = {
+    "max_tokens": ("max_completion_tokens",),
+    "max_completion_tokens": ("max_tokens",),
+}
+
+
+def _for_stage(
+    params: dict[str, Any], entry: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """The ``params`` one stage reads: the request's, and over them the
+    caller's per-stage entry (``sampling_params_list``), which wins for its
+    stage key by key (docs/serving.md, "Per-stage sampling parameters"). A
+    whole ``SamplingParams`` entry replaces every sampling key."""
+    if not entry:
+        return params
+    if "sampling_params" in entry:
+        params = {key: value for key, value in params.items() if key == "lora"}
+    superseded = set(entry).union(*(_SAME_SETTING.get(key, ()) for key in entry))
+    kept = {key: value for key, value in params.items() if key not in superseded}
+    return {**kept, **entry}
+
+
 @functools.cache
 def _read_by(kinds: tuple[str, ...]) -> frozenset[str]:
     """The ``params`` keys some stage kind of a route reads."""
@@ -953,8 +976,11 @@ class Orchestrator:
         request_id: str,
         modalities: Iterable[str],
         params: Mapping[str, Any],
+        stage_params: Mapping[int, Mapping[str, Any]] | None = None,
     ) -> AsyncGenerator[OmniRequestOutput, None]:
-        """Run one request along its route; see ``AsyncOmni.generate``."""
+        """Run one request along its route; see ``AsyncOmni.generate``.
+        ``stage_params`` (stage id → the caller's checked entry) combine with
+        ``params`` for their stage (``_for_stage``)."""
         hops.mark(request_id, "orchestrator.generate")
         self._check_serving(request_id)
         wanted = frozenset(modalities)
@@ -967,6 +993,8 @@ class Orchestrator:
                 parameter="prompt",
             )
         bad = "params" if not isinstance(params, Mapping) else _bad_param(params, "")
+        for stage_id, entry in (stage_params or {}).items():
+            bad = bad or _bad_param(entry, f"sampling_params_list[{stage_id}]")
         if bad is not None:
             raise VLLMValidationError(
                 f"{bad or 'params'} must be a plain value: a string, a 64-bit "
@@ -1010,7 +1038,14 @@ class Orchestrator:
             # aclosing: a consumer that goes away closes the whole chain now,
             # not when the garbage collector gets to it.
             async with contextlib.aclosing(
-                self._run(request, route, prompt, dict(params), wanted)
+                self._run(
+                    request,
+                    route,
+                    prompt,
+                    dict(params),
+                    dict(stage_params or {}),
+                    wanted,
+                )
             ) as outputs:
                 async for output in outputs:
                     yield output
@@ -1035,6 +1070,7 @@ class Orchestrator:
         route: tuple[StageConfig, ...],
         prompt: str,
         params: dict[str, Any],
+        stage_params: dict[int, Mapping[str, Any]],
         wanted: frozenset[str],
     ) -> AsyncGenerator[OmniRequestOutput, None]:
         final = OmniRequestOutput(request_id=request.request_id)
@@ -1043,7 +1079,7 @@ class Orchestrator:
             submit = m.Submit(
                 request_id=request.wire_id,
                 prompt=prompt,
-                params=params,
+                params=_for_stage(params, stage_params.get(stage.id)),
                 inputs=inputs,
             )
             self._submit(request, stage, submit)

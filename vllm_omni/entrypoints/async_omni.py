@@ -37,7 +37,7 @@ import contextlib
 import os
 import uuid
 import weakref
-from collections.abc import AsyncGenerator, Iterable, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, get_args
 
 from vllm_omni.config import (
@@ -47,6 +47,7 @@ from vllm_omni.config import (
     WorkerBackend,
     liveness_settings,
     load_pipeline,
+    pipeline_for_model,
 )
 from vllm_omni.engine.orchestrator import (
     DEFAULT_MAX_NUM_QUEUED_REQS,
@@ -54,6 +55,7 @@ from vllm_omni.engine.orchestrator import (
     StageLauncher,
     Transport,
 )
+from vllm_omni.entrypoints.sampling_params_list import per_stage_params
 from vllm_omni.errors import (
     OmniEngineDeadError,
     VLLMValidationError,
@@ -72,8 +74,16 @@ class AsyncOmni:
     """An engine client for a multi-stage pipeline.
 
     Args:
-        pipeline: ``"reference"`` (built in), a YAML file path, or a loaded
-            ``PipelineConfig``.
+        pipeline: ``"reference"`` (built in, the default without a
+            ``model``), a YAML file path, or a loaded ``PipelineConfig``.
+        model: as vllm-omni callers write ``AsyncOmni(model=...)``: a model
+            (name or path) served by one ``vllm`` stage, in this process
+            (``vllm_omni.config.pipeline_for_model``); with a ``pipeline``,
+            the model of its one ``vllm`` stage.
+        **engine_args: upstream ``AsyncEngineArgs`` keywords for that
+            ``vllm`` stage (``max_model_len=128``); a name that is not one,
+            or a pipeline with no ``vllm`` stage to give it to, is a
+            ``VLLMValidationError`` naming it.
         transport: ``"ipc"`` (a socket in a private temp dir) or ``"tcp"``
             (needed when some stages run on other hosts); default: ``tcp``
             when the pipeline has an ``orchestrator_address``, else ``ipc``.
@@ -112,8 +122,9 @@ class AsyncOmni:
 
     def __init__(
         self,
-        pipeline: str | os.PathLike[str] | PipelineConfig = "reference",
+        pipeline: str | os.PathLike[str] | PipelineConfig | None = None,
         *,
+        model: str | None = None,
         transport: Transport | None = None,
         host: str | None = None,
         port: int | None = None,
@@ -126,10 +137,11 @@ class AsyncOmni:
         ray_probe_interval_s: float | None = None,
         ray_probe_timeout_s: float | None = None,
         max_num_queued_reqs: int = DEFAULT_MAX_NUM_QUEUED_REQS,
+        **engine_args: Any,
     ) -> None:
         self._finalizer: weakref.finalize | None = None
         try:
-            self.config = load_pipeline(pipeline)
+            self.config = _pipeline(pipeline, model, engine_args)
         except Exception as exc:
             raise_for_caller(exc)
         self.worker_backend = _backend(worker_backend or self.config.worker_backend)
@@ -174,7 +186,7 @@ class AsyncOmni:
     @classmethod
     async def create(
         cls,
-        pipeline: str | os.PathLike[str] | PipelineConfig = "reference",
+        pipeline: str | os.PathLike[str] | PipelineConfig | None = None,
         **kwargs: Any,
     ) -> AsyncOmni:
         """Construct and start an engine; see the class for the arguments."""
@@ -249,8 +261,17 @@ class AsyncOmni:
         request_id: str | None = None,
         modalities: Iterable[str] | str = ("text",),
         params: Mapping[str, Any] | SamplingParams | None = None,
+        sampling_params_list: Sequence[Any] | None = None,
     ) -> AsyncGenerator[OmniRequestOutput, None]:
         """Run one request; yields outputs, the last with ``finished=True``.
+
+        ``sampling_params_list`` (vllm-omni's per-stage list): entry *i* is a
+        mapping of stage *i*'s parameters or upstream's ``SamplingParams``
+        (``None``: the stage's defaults); for its stage it wins over
+        ``params`` key by key. Each entry is checked before anything runs
+        (``VLLMValidationError``, ``parameter`` e.g.
+        ``sampling_params_list[1].max_tokens``); an entry for a stage this
+        request does not go through is checked and has no effect.
 
         Text streams one output per token (``text_delta``, with the choice
         ``index`` when ``n`` > 1); audio, images and video arrive in the final
@@ -301,6 +322,7 @@ class AsyncOmni:
                 request_id=request_id,
                 modalities=parse_modalities(modalities),
                 params=_plain_params(params),
+                stage_params=per_stage_params(self.config.stages, sampling_params_list),
             )
             # aclosing: closing this generator aborts the request at once.
             async with contextlib.aclosing(stream) as outputs:
@@ -373,6 +395,48 @@ class AsyncOmni:
         if self._finalizer is not None:
             self._finalizer.detach()
         self._orchestrator.shutdown()
+
+
+def _pipeline(
+    pipeline: str | os.PathLike[str] | PipelineConfig | None,
+    model: str | None,
+    engine_args: dict[str, Any],
+) -> PipelineConfig:
+    """The pipeline a caller's arguments name: the file or the reference
+    pipeline, or a model's one ``vllm`` stage (with its engine arguments)."""
+    if pipeline is None and model is None:
+        pipeline = "reference"
+    if isinstance(model, str) and model.startswith(("/", "./", "../", "~")):
+        if not os.path.exists(os.path.expanduser(model)):
+            # A local path is the caller's to get right; a hub name is the
+            # stage's to resolve when it starts.
+            raise VLLMValidationError(
+                "model is a path that does not exist", parameter="model"
+            )
+    base = load_pipeline(pipeline) if pipeline is not None else None
+    if base is not None and model is None and not engine_args:
+        return base
+    config = pipeline_for_model(model, engine_args, base=base)
+    _check_engine_args(engine_args)
+    return config
+
+
+def _check_engine_args(engine_args: Mapping[str, Any]) -> None:
+    """Each name an upstream ``AsyncEngineArgs`` field, or a
+    ``VLLMValidationError`` naming it (the stage would fail to start)."""
+    if not engine_args:
+        return
+    import dataclasses
+
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    known = {field.name for field in dataclasses.fields(AsyncEngineArgs)}
+    unknown = next((name for name in engine_args if name not in known), None)
+    if unknown is not None:
+        raise VLLMValidationError(
+            f"{unknown} is not an engine argument (vLLM's AsyncEngineArgs)",
+            parameter=unknown,
+        )
 
 
 def _probe_settings(

@@ -17,8 +17,14 @@ waits, every request of the call is aborted in every stage before the
 exception propagates. An ``Omni`` dropped without ``close()`` is stopped by a
 finalizer (stages and loop thread gone within about two seconds).
 
-Usage (a plain top-level script, ``python - < script.py`` or a notebook:
-stage processes never re-run the caller's main module)::
+Usage, as vllm-omni callers write it (a plain top-level script, ``python -
+< script.py`` or a notebook: stage processes never re-run the caller's main
+module)::
+
+    omni = Omni(model="Qwen/Qwen2.5-0.5B-Instruct", max_model_len=512)
+    outputs = omni.generate(["Hello", "Bye"], [SamplingParams(max_tokens=16)])
+
+or with a pipeline and today's keywords::
 
     with Omni(pipeline="reference") as omni:
         print(omni.generate("Hello", modalities=["text"]).text)
@@ -34,16 +40,23 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import inspect
 import logging
 import os
+import queue
 import threading
+import time
 import uuid
 import weakref
-from collections.abc import Coroutine, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
+
+from tqdm import tqdm
 
 from vllm_omni.config import PipelineConfig
 from vllm_omni.entrypoints.async_omni import AsyncOmni, parse_modalities
+from vllm_omni.entrypoints.sampling_params_list import per_stage_params
 from vllm_omni.errors import (
     OmniServiceUnavailableError,
     OmniStageTimeoutError,
@@ -71,14 +84,20 @@ _SHUTDOWN_WAIT_S = 10.0
 class Omni:
     """A started engine for offline use; close it (or use ``with``) when done.
 
-    Accepts the same arguments as ``AsyncOmni``.
+    Accepts the same arguments as ``AsyncOmni`` (``Omni(model=...,
+    **engine_args)`` or ``Omni(pipeline=...)``); wrong ones raise the
+    caller's error (``TypeError``, or ``VLLMValidationError`` naming the
+    argument) before any engine starts.
     """
 
     def __init__(
         self,
-        pipeline: str | os.PathLike[str] | PipelineConfig = "reference",
+        pipeline: str | os.PathLike[str] | PipelineConfig | None = None,
         **engine_kwargs: Any,
     ) -> None:
+        # A caller's wrong arguments are the caller's: the TypeError itself,
+        # before any thread starts (not a server error from the engine loop).
+        inspect.signature(AsyncOmni).bind(pipeline, **engine_kwargs)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="omni-engine-loop", daemon=True
@@ -113,61 +132,115 @@ class Omni:
     def generate(  # type: ignore[overload-overlap]  # a str is a Sequence[str]
         self,
         prompts: str,
+        sampling_params_list: None = ...,
         *,
         modalities: Iterable[str] | str = ...,
         params: Mapping[str, Any] | SamplingParams | None = ...,
         raise_on_error: bool = ...,
         timeout: float | None = ...,
+        use_tqdm: bool | Callable[..., Any] = ...,
+        py_generator: Literal[False] = ...,
     ) -> OmniRequestOutput: ...
 
     @overload
     def generate(
         self,
-        prompts: Sequence[str],
+        prompts: str | Sequence[str],
+        sampling_params_list: Sequence[Any] | None = ...,
         *,
         modalities: Iterable[str] | str = ...,
         params: Mapping[str, Any] | SamplingParams | None = ...,
         raise_on_error: bool = ...,
         timeout: float | None = ...,
+        use_tqdm: bool | Callable[..., Any] = ...,
+        py_generator: Literal[True],
+    ) -> Iterator[OmniRequestOutput]: ...
+
+    @overload
+    def generate(
+        self,
+        prompts: str | Sequence[str],
+        sampling_params_list: Sequence[Any] | None = ...,
+        *,
+        modalities: Iterable[str] | str = ...,
+        params: Mapping[str, Any] | SamplingParams | None = ...,
+        raise_on_error: bool = ...,
+        timeout: float | None = ...,
+        use_tqdm: bool | Callable[..., Any] = ...,
+        py_generator: Literal[False] = ...,
     ) -> list[OmniRequestOutput]: ...
 
     def generate(
         self,
         prompts: str | Sequence[str],
+        sampling_params_list: Sequence[Any] | None = None,
         *,
         modalities: Iterable[str] | str = ("text",),
         params: Mapping[str, Any] | SamplingParams | None = None,
         raise_on_error: bool = True,
         timeout: float | None = None,
-    ) -> OmniRequestOutput | list[OmniRequestOutput]:
-        """Run prompts to completion; the final output of each (list in, list out).
+        use_tqdm: bool | Callable[..., Any] = True,
+        py_generator: bool = False,
+    ) -> OmniRequestOutput | list[OmniRequestOutput] | Iterator[OmniRequestOutput]:
+        """Run prompts to completion; the final output of each.
 
-        A list runs concurrently. With ``raise_on_error`` (default) the first
-        failure in prompt order is raised; otherwise failed prompts return an
-        output with ``details`` set and ``finished=True``. Prompts that are
-        not a string or a list of strings raise ``VLLMValidationError``
-        (``prompts`` / ``prompts[i]``) before anything runs; a call after
-        ``close`` raises ``OmniServiceUnavailableError``. ``timeout`` (seconds,
-        for the whole call) raises ``OmniStageTimeoutError`` (504). Whatever
-        ends the wait early (timeout, Ctrl-C, any exception) aborts every
-        request of the call in every stage first.
+        vllm-omni's call, ``generate(prompts, sampling_params_list)``, has
+        vllm-omni's shapes: a list of outputs in the order of the prompts
+        (also for one prompt), or with ``py_generator=True`` an iterator of
+        each prompt's final output as it finishes. Entry *i* of
+        ``sampling_params_list`` configures stage *i* (a mapping or
+        upstream's ``SamplingParams``; see ``AsyncOmni.generate``). Called
+        without a list (and without ``py_generator``), a string gives one
+        output and a list of strings a list.
+
+        Prompts run concurrently, with vLLM's "Processed prompts" progress
+        bar on stderr while they do (``use_tqdm=False``: none; a callable:
+        used in place of ``tqdm``). With ``raise_on_error`` (default) the
+        first failure in prompt order (in finishing order for an iterator)
+        is raised; otherwise failed prompts return an output with
+        ``details`` set and ``finished=True``. Prompts that are not a string
+        or a list of strings, or a list that does not fit the pipeline,
+        raise ``VLLMValidationError`` (``prompts[i]``,
+        ``sampling_params_list[1].top_k``) before anything runs; a call
+        after ``close`` raises ``OmniServiceUnavailableError``. ``timeout``
+        (seconds, for the whole call) raises ``OmniStageTimeoutError``
+        (504). Whatever ends the wait early (timeout, Ctrl-C, any
+        exception, an iterator closed early) aborts every request of the
+        call in every stage first.
         """
         self._check_open()
         single = isinstance(prompts, str)
+        vllm_omni_call = sampling_params_list is not None or py_generator
         try:
             batch = [prompts] if single else _prompt_list(prompts)
             wanted = parse_modalities(modalities)
-        except VLLMValidationError as exc:
+            per_stage_params(self.engine.config.stages, sampling_params_list)
+            progress = _progress(use_tqdm, len(batch))
+        except Exception as exc:  # an entry's 404 (an unknown voice) too
             raise_for_caller(exc)
-        request_ids = [f"omni-{uuid.uuid4().hex}" for _ in batch]
+        call = _Call(batch, wanted, params, sampling_params_list, progress)
+        if py_generator:
+            return self._iterate(call, raise_on_error, timeout)
         future = asyncio.run_coroutine_threadsafe(
-            self._run_all(batch, request_ids, wanted, params, raise_on_error),
-            self._loop,
+            self._run_all(call, raise_on_error), self._loop
         )
         try:
-            outputs = future.result(timeout)
+            outputs = self._wait(future, call, timeout)
+        finally:
+            progress.close()
+        return outputs[0] if single and not vllm_omni_call else outputs
+
+    def _wait(
+        self,
+        future: concurrent.futures.Future[_T],
+        call: _Call,
+        timeout: float | None,
+    ) -> _T:
+        """The call's result; its requests aborted if the wait ends early."""
+        try:
+            return future.result(timeout)
         except concurrent.futures.TimeoutError:
-            self._abort(future, request_ids, "abort")
+            self._abort(future, call.request_ids, "abort")
             raise_for_caller(
                 OmniStageTimeoutError(
                     f"The request did not finish within {timeout:g} s."
@@ -176,9 +249,36 @@ class Omni:
         except BaseException:
             # Ctrl-C lands here while this thread waits; the work is on the
             # loop thread and would run on in every stage without the abort.
-            self._abort(future, request_ids, "cancelled")
+            self._abort(future, call.request_ids, "cancelled")
             raise
-        return outputs[0] if single else outputs
+
+    def _iterate(
+        self, call: _Call, raise_on_error: bool, timeout: float | None
+    ) -> Iterator[OmniRequestOutput]:
+        """``py_generator``: each prompt's final output as it finishes."""
+        finished: queue.SimpleQueue[OmniRequestOutput | BaseException] = (
+            queue.SimpleQueue()
+        )
+        future = asyncio.run_coroutine_threadsafe(
+            self._run_each(call, raise_on_error, finished.put), self._loop
+        )
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            for _ in call.prompts:
+                left = None if deadline is None else deadline - time.monotonic()
+                try:
+                    item = finished.get(timeout=left)
+                except queue.Empty:
+                    self._wait(future, call, 0)
+                    raise
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+            self._wait(future, call, None)
+        finally:
+            call.progress.close()
+            if not future.done():
+                self._abort(future, call.request_ids, "cancelled")
 
     def _abort(
         self,
@@ -195,42 +295,65 @@ class Omni:
         future.cancel()
 
     async def _run_all(
-        self,
-        prompts: list[Any],
-        request_ids: list[str],
-        modalities: tuple[str, ...],
-        params: Mapping[str, Any] | SamplingParams | None,
-        raise_on_error: bool,
+        self, call: _Call, raise_on_error: bool
     ) -> list[OmniRequestOutput]:
         results = await asyncio.gather(
             *(
-                self._run_one(prompt, request_id, modalities, params)
-                for prompt, request_id in zip(prompts, request_ids, strict=True)
+                self._run_one(call, prompt, request_id)
+                for prompt, request_id in zip(
+                    call.prompts, call.request_ids, strict=True
+                )
             ),
             return_exceptions=True,
         )
-        outputs: list[OmniRequestOutput] = []
-        for request_id, result in zip(request_ids, results, strict=True):
-            if isinstance(result, BaseException):
-                if raise_on_error or not isinstance(result, Exception):
-                    raise result
-                outputs.append(_failed_output(result, request_id, modalities))
-            else:
-                outputs.append(result)
-        return outputs
+        return [
+            _result(call, request_id, result, raise_on_error)
+            for request_id, result in zip(call.request_ids, results, strict=True)
+        ]
+
+    async def _run_each(
+        self,
+        call: _Call,
+        raise_on_error: bool,
+        put: Callable[[OmniRequestOutput | BaseException], None],
+    ) -> None:
+        """Each prompt's result handed to ``put`` as it finishes (a failure
+        as the exception, with ``raise_on_error``)."""
+
+        async def one(prompt: str, request_id: str) -> None:
+            try:
+                output = await self._run_one(call, prompt, request_id)
+            except Exception as exc:
+                if raise_on_error:
+                    put(exc)
+                    return
+                output = _failed_output(exc, request_id, call.modalities)
+            put(output)
+
+        await asyncio.gather(
+            *(
+                one(prompt, request_id)
+                for prompt, request_id in zip(
+                    call.prompts, call.request_ids, strict=True
+                )
+            )
+        )
 
     async def _run_one(
-        self,
-        prompt: str,
-        request_id: str,
-        modalities: tuple[str, ...],
-        params: Mapping[str, Any] | SamplingParams | None,
+        self, call: _Call, prompt: str, request_id: str
     ) -> OmniRequestOutput:
         final: OmniRequestOutput | None = None
-        async for output in self.engine.generate(
-            prompt, request_id=request_id, modalities=modalities, params=params
-        ):
-            final = output
+        try:
+            async for output in self.engine.generate(
+                prompt,
+                request_id=request_id,
+                modalities=call.modalities,
+                params=call.params,
+                sampling_params_list=call.sampling_params_list,
+            ):
+                final = output
+        finally:
+            call.progress.update(1)
         assert final is not None and final.finished
         return final
 
@@ -246,6 +369,54 @@ class Omni:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+@dataclass(slots=True)
+class _Call:
+    """One ``generate`` call: its prompts, their request ids, what they ask
+    for, and its progress bar."""
+
+    prompts: list[str]
+    modalities: tuple[str, ...]
+    params: Mapping[str, Any] | SamplingParams | None
+    sampling_params_list: Sequence[Any] | None
+    progress: Any
+    request_ids: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.request_ids = [f"omni-{uuid.uuid4().hex}" for _ in self.prompts]
+
+
+def _result(
+    call: _Call,
+    request_id: str,
+    result: OmniRequestOutput | BaseException,
+    raise_on_error: bool,
+) -> OmniRequestOutput:
+    if not isinstance(result, BaseException):
+        return result
+    if raise_on_error or not isinstance(result, Exception):
+        raise result
+    return _failed_output(result, request_id, call.modalities)
+
+
+def _progress(use_tqdm: object, total: int) -> Any:
+    """vLLM's ``LLM.generate`` bar ("Processed prompts", on stderr), a
+    caller's ``tqdm``-like callable, or a bar that is never shown."""
+    if isinstance(use_tqdm, bool):
+        factory: Callable[..., Any] = tqdm
+    elif callable(use_tqdm):
+        factory = use_tqdm
+    else:
+        raise VLLMValidationError(
+            "use_tqdm must be a bool or a tqdm-like callable", parameter="use_tqdm"
+        )
+    return factory(
+        total=total,
+        desc="Processed prompts",
+        dynamic_ncols=True,
+        disable=use_tqdm is False,
+    )
 
 
 def _prompt_list(prompts: object) -> list[str]:

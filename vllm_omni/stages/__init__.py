@@ -9,7 +9,8 @@ Pillow, numpy or vLLM's engine just to route requests.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from vllm_omni.config import PipelineConfig, StageConfig
@@ -17,9 +18,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "INLINE_KINDS",
+    "ROUTE_PARAMS",
     "STAGE_KINDS",
     "STAGE_PARAMS",
     "build_stage",
+    "check_stage_params",
+    "entry_params",
     "stage_params",
 ]
 
@@ -71,11 +75,33 @@ def stage_params(kind: str) -> frozenset[str]:
     return keys
 
 
+# Keys only a route sets (the request it hands a ``vllm`` stage, an upload
+# and the operator's limits on it): never a caller's per-stage entry.
+ROUTE_PARAMS: frozenset[str] = frozenset(
+    {"openai", "sampling_params", "image", "max_image_pixels", "max_image_frames"}
+)
+
+
+def entry_params(kind: str) -> frozenset[str]:
+    """The keys a caller's per-stage entry for a stage of ``kind`` may set."""
+    return stage_params(kind) - ROUTE_PARAMS
+
+
+def _stage_class(kind: str) -> type[Stage]:
+    target = STAGE_KINDS.get(kind)
+    if target is None:
+        raise RuntimeError(f"no stage implementation for kind {kind!r}")
+    module_name, class_name = target.split(":")
+    stage_class: type[Stage] = getattr(importlib.import_module(module_name), class_name)
+    return stage_class
+
+
+def check_stage_params(kind: str, params: Mapping[str, Any]) -> None:
+    """Raise what a stage of ``kind`` would raise for ``params`` alone
+    (``Stage.check_params``), importing its module only then."""
+    _stage_class(kind).check_params(params)
+
+
 def build_stage(config: StageConfig, pipeline: PipelineConfig) -> Stage:
     """Instantiate the stage implementation for ``config.kind``."""
-    target = STAGE_KINDS.get(config.kind)
-    if target is None:
-        raise RuntimeError(f"no stage implementation for kind {config.kind!r}")
-    module_name, class_name = target.split(":")
-    stage_class = getattr(importlib.import_module(module_name), class_name)
-    return stage_class(config, pipeline)
+    return _stage_class(config.kind)(config, pipeline)

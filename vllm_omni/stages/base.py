@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import abc
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, ClassVar
 
 from vllm_omni.config import PipelineConfig, StageConfig
@@ -36,6 +36,12 @@ class Stage(abc.ABC):
         self.config = config
         self.pipeline = pipeline
 
+    @classmethod  # noqa: B027 - optional hook
+    def check_params(cls, params: Mapping[str, Any]) -> None:
+        """Raise what ``generate`` would raise for ``params`` alone, before
+        anything runs (a caller's per-stage entry, ``sampling_params_list``).
+        Default: nothing to check."""
+
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Prepare to serve (load weights, build engines). Default: nothing."""
 
@@ -57,7 +63,7 @@ class Stage(abc.ABC):
 
 
 def bounded_int(
-    params: dict[str, Any], name: str, default: int | None, low: int, high: int
+    params: Mapping[str, Any], name: str, default: int | None, low: int, high: int
 ) -> int | None:
     """``params[name]`` as an int in ``[low, high]``, or ``default`` when absent."""
     value = params.get(name)
@@ -77,7 +83,7 @@ def bounded_int(
 
 
 def bounded_float(
-    params: dict[str, Any], name: str, default: float, low: float, high: float
+    params: Mapping[str, Any], name: str, default: float, low: float, high: float
 ) -> float:
     """``params[name]`` as a number in ``[low, high]``, or ``default`` when absent."""
     value = params.get(name)
@@ -97,7 +103,7 @@ def bounded_float(
 
 
 def parse_size(
-    params: dict[str, Any], default: str, low: int, high: int, name: str = "size"
+    params: Mapping[str, Any], default: str, low: int, high: int, name: str = "size"
 ) -> tuple[int, int]:
     """``"WxH"`` with each side in ``[low, high]`` and a multiple of 8."""
     value = params.get(name, default)

@@ -23,7 +23,7 @@ import hashlib
 import io
 import struct
 import warnings
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -67,7 +67,7 @@ _UNDECODABLE = (
 )
 
 
-def seed_for(prompt: str, params: dict[str, Any]) -> int:
+def seed_for(prompt: str, params: Mapping[str, Any]) -> int:
     """The explicit ``seed`` or one derived from the prompt."""
     seed = bounded_int(params, "seed", None, *SEED_RANGE)
     if seed is None:
@@ -167,10 +167,14 @@ class ImageStage(Stage):
 
     kind: ClassVar[str] = "image"
 
+    @classmethod
+    def check_params(cls, params: Mapping[str, Any]) -> None:
+        _size_and_count(params)
+        seed_for("", params)
+
     async def generate(self, request: Submit) -> AsyncIterator[Payload]:
         params = request.params
-        width, height = parse_size(params, "256x256", *SIZE_RANGE)
-        count = bounded_int(params, "n", 1, 1, MAX_IMAGES) or 1
+        width, height, count = _size_and_count(params)
         seed = seed_for(request.prompt, params)
         images = await asyncio.to_thread(
             _draw,
@@ -185,6 +189,11 @@ class ImageStage(Stage):
         yield Payload(
             images=images, meta={"width": width, "height": height, "seed": seed}
         )
+
+
+def _size_and_count(params: Mapping[str, Any]) -> tuple[int, int, int]:
+    width, height = parse_size(params, "256x256", *SIZE_RANGE)
+    return width, height, bounded_int(params, "n", 1, 1, MAX_IMAGES) or 1
 
 
 def _draw(

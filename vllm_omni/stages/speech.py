@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import io
 import wave
-from collections.abc import AsyncIterator
-from typing import ClassVar
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -56,19 +56,27 @@ class TalkerStage(Stage):
 
     kind: ClassVar[str] = "talker"
 
+    @classmethod
+    def check_params(cls, params: Mapping[str, Any]) -> None:
+        _voice_and_speed(params)
+
     async def generate(self, request: Submit) -> AsyncIterator[Payload]:
-        voice = request.params.get("voice", DEFAULT_VOICE)
-        if not isinstance(voice, str) or voice not in VOICES:
-            raise VLLMNotFoundError(
-                f"Unknown voice. Available voices: {', '.join(sorted(VOICES))}."
-            )
-        speed = bounded_float(request.params, "speed", 1.0, *SPEED_RANGE)
+        voice, speed = _voice_and_speed(request.params)
         text = request.inputs.text if request.inputs and request.inputs.text else ""
         text = text or request.prompt
         if not text.strip():
             raise VLLMValidationError("input text must not be empty", parameter="input")
         codes = [0 if ch.isspace() else 1 + ord(ch) % 24 for ch in text[:MAX_CODES]]
         yield Payload(tokens=codes, meta={"voice": voice, "speed": speed})
+
+
+def _voice_and_speed(params: Mapping[str, Any]) -> tuple[str, float]:
+    voice = params.get("voice", DEFAULT_VOICE)
+    if not isinstance(voice, str) or voice not in VOICES:
+        raise VLLMNotFoundError(
+            f"Unknown voice. Available voices: {', '.join(sorted(VOICES))}."
+        )
+    return voice, bounded_float(params, "speed", 1.0, *SPEED_RANGE)
 
 
 class VocoderStage(Stage):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -53,7 +53,7 @@ class TextParams:
     n: int = 1
 
     @classmethod
-    def from_params(cls, params: dict[str, Any]) -> TextParams:
+    def from_params(cls, params: Mapping[str, Any]) -> TextParams:
         # Both are checked; max_completion_tokens (chat) supersedes the
         # deprecated max_tokens.
         limits = [
@@ -128,6 +128,10 @@ class TextStage(Stage):
     choice (``index``), the last of each choice with its finish reason."""
 
     kind: ClassVar[str] = "text"
+
+    @classmethod
+    def check_params(cls, params: Mapping[str, Any]) -> None:
+        TextParams.from_params(params)
 
     async def generate(self, request: Submit) -> AsyncIterator[Payload]:
         if not request.prompt.strip():

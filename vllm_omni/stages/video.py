@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import io
-from collections.abc import AsyncIterator
-from typing import ClassVar
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, ClassVar
 
 from PIL import Image
 
@@ -31,11 +31,14 @@ class VideoStage(Stage):
 
     kind: ClassVar[str] = "video"
 
+    @classmethod
+    def check_params(cls, params: Mapping[str, Any]) -> None:
+        _settings(params)
+        seed_for("", params)
+
     async def generate(self, request: Submit) -> AsyncIterator[Payload]:
         params = request.params
-        seconds = bounded_float(params, "seconds", 1.0, *SECONDS_RANGE)
-        width, height = parse_size(params, "128x128", *SIZE_RANGE)
-        fps = bounded_int(params, "fps", 8, 1, 30) or 8
+        seconds, width, height, fps = _settings(params)
         seed = seed_for(request.prompt, params)
         count = max(1, round(seconds * fps))
         video = await asyncio.to_thread(_encode_gif, width, height, fps, seed, count)
@@ -49,6 +52,13 @@ class VideoStage(Stage):
                 "seed": seed,
             },
         )
+
+
+def _settings(params: Mapping[str, Any]) -> tuple[float, int, int, int]:
+    """Seconds, width, height and fps, each checked."""
+    seconds = bounded_float(params, "seconds", 1.0, *SECONDS_RANGE)
+    width, height = parse_size(params, "128x128", *SIZE_RANGE)
+    return seconds, width, height, bounded_int(params, "fps", 8, 1, 30) or 8
 
 
 def _encode_gif(width: int, height: int, fps: int, seed: int, count: int) -> bytes:

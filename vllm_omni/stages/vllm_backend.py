@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http import HTTPStatus
 from typing import Any, ClassVar, NoReturn
 
@@ -116,8 +116,29 @@ def _offline_sampling_params(params: Mapping[str, Any]) -> Any:
         raise VLLMValidationError(
             f"{parameter} has the wrong type", parameter=parameter
         ) from None
+    if isinstance(encoded, bytes):
+        sampling = _overridden(sampling, params)
     sampling.output_kind = RequestOutputKind.DELTA
     return sampling
+
+
+def _overridden(sampling: Any, params: Mapping[str, Any]) -> Any:
+    """``sampling`` with the ``SamplingParams`` keywords of ``params`` (a
+    caller's per-stage entry, which wins over the request's own: docs/serving.md,
+    "Per-stage sampling parameters"), verified again by upstream."""
+    import msgspec
+
+    overrides = {
+        key: value
+        for key, value in params.items()
+        if key in sampling.__struct_fields__ and key != "output_kind"
+    }
+    if not overrides:
+        return sampling
+    kind = sampling.output_kind
+    replaced = msgspec.structs.replace(sampling, **overrides)
+    replaced.output_kind = kind
+    return replaced
 
 
 def _path_parameter(message: str) -> str | None:
@@ -250,6 +271,16 @@ class VLLMStage(Stage):
     """Streams ``AsyncLLM`` deltas as ``Payload(text=...)`` chunks."""
 
     kind: ClassVar[str] = "vllm"
+
+    @classmethod
+    def check_params(cls, params: Mapping[str, Any]) -> None:
+        """Upstream's ``SamplingParams`` built from ``params`` (types by
+        msgspec, domains by upstream), as ``generate`` builds it."""
+        try:
+            _offline_sampling_params(params)
+        except VLLMValidationError as exc:
+            _name_parameter(exc, set(params))
+            raise
 
     def __init__(
         self,
@@ -401,6 +432,12 @@ class VLLMStage(Stage):
         openai = request.params.get("openai")
         if isinstance(openai, Mapping):
             inputs = await self._openai_inputs(openai)
+            try:
+                sampling = _overridden(inputs.sampling, request.params)
+            except VLLMValidationError as exc:
+                _name_parameter(exc, set(request.params))
+                raise
+            inputs = replace(inputs, sampling=sampling)
         else:
             try:
                 sampling = _offline_sampling_params(request.params)

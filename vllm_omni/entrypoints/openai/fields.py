@@ -153,6 +153,13 @@ _REFUSED = {
     "chat_template": "a request's own chat template is not trusted",
 }
 
+# vllm-omni's per-stage list: every route that runs stages reads it.
+SAMPLING_PARAMS_LIST = _rule(
+    [ROUTE],
+    "entry i configures stage i, checked as that stage's parameters; it wins "
+    "over the request's fields for its stage (vllm-omni extension)",
+)
+
 _GENERATE_COMMON: dict[str, FieldRule] = {
     "model": _rule([ROUTE], "checked against the served model (404 otherwise)"),
     "stream": _rule([ROUTE], "SSE stream"),
@@ -191,6 +198,7 @@ CHAT: dict[str, FieldRule] = {
     "modalities": _rule([ROUTE], 'text, or text and audio ("audio" needs a talker)'),
     "audio": _rule([ROUTE], "voice for the talker stage; format wav"),
     "lora": _rule(_VLLM, "a LoRA adapter by name (vLLM-Omni extension)"),
+    "sampling_params_list": SAMPLING_PARAMS_LIST,
 }
 
 COMPLETIONS: dict[str, FieldRule] = {
@@ -198,16 +206,42 @@ COMPLETIONS: dict[str, FieldRule] = {
     "prompt": _rule([ROUTE], "one string", _single_prompt),
     "suffix": _rule(_VLLM, "fill-in-the-middle, where the model renders it"),
     "lora": _rule(_VLLM, "a LoRA adapter by name (vLLM-Omni extension)"),
+    "sampling_params_list": SAMPLING_PARAMS_LIST,
+}
+
+# vllm-omni 0.30's speech fields that the reference talker does not honour.
+_SPEECH_030 = {
+    "stream": "only whole audio (stream_format audio)",
+    "sample_rate": "the audio is 16 kHz",
+    "task_type": "TTS task types are not supported",
+    "language": "the talker has no language setting",
+    "ref_audio": "voice cloning is not supported",
+    "ref_text": "voice cloning is not supported",
+    "ref_audio_2": "voice cloning is not supported",
+    "ambient_sound": "ambient sound is not supported",
+    "duration_seconds": "a target duration is not supported",
+    "x_vector_only_mode": "voice cloning is not supported",
+    "speaker_embedding": "speaker embeddings are not supported",
+    "max_new_tokens": "the talker's length follows the input",
+    "seed": "the talker is deterministic",
+    "initial_codec_chunk_frames": "only whole audio (stream_format audio)",
+    "non_streaming_mode": "only whole audio (stream_format audio)",
+    "extra_params": "model-specific parameters are not supported",
+    "word_timestamps": "word timestamps are not returned",
 }
 
 SPEECH: dict[str, FieldRule] = {
     "model": _rule([ROUTE], "checked against the served model (404 otherwise)"),
     "input": _rule([ROUTE], "the text to speak"),
-    "voice": _rule({"talker"}, "one of GET /v1/audio/voices (404 otherwise)"),
+    "voice": _rule(
+        {"talker"}, "one of GET /v1/audio/voices (404 otherwise); alias speaker"
+    ),
     "response_format": _rule([ROUTE], "wav only"),
     "speed": _rule({"talker"}, "0.25 to 4"),
     "instructions": _rule(_NOBODY, "voice instructions are not supported"),
     "stream_format": _rule(_NOBODY, "only whole audio (stream_format audio)"),
+    "sampling_params_list": SAMPLING_PARAMS_LIST,
+    **{name: _rule(_NOBODY, why) for name, why in _SPEECH_030.items()},
 }
 
 _IMAGES_COMMON: dict[str, FieldRule] = {
@@ -223,6 +257,28 @@ _IMAGES_COMMON: dict[str, FieldRule] = {
     "output_compression": _rule(_NOBODY, "the output is PNG"),
     "stream": _rule(_NOBODY, "image streaming is not supported"),
     "partial_images": _rule(_NOBODY, "image streaming is not supported"),
+    "sampling_params_list": SAMPLING_PARAMS_LIST,
+}
+
+# vllm-omni 0.30's image fields (diffusion settings) the reference image
+# stage does not honour.
+_DIFFUSION = "diffusion settings are not supported by this image stage"
+_IMAGES_030 = {
+    "bot_task": "AR task modes are not supported",
+    "layers": "layered output is not supported",
+    "negative_prompt": "negative prompts are not supported",
+    "system_prompt": "system prompts are not supported",
+    "use_system_prompt": "system prompts are not supported",
+    "num_inference_steps": _DIFFUSION,
+    "guidance_scale": _DIFFUSION,
+    "true_cfg_scale": _DIFFUSION,
+    "flow_shift": _DIFFUSION,
+    "extra_params": "model-specific parameters are not supported",
+    "generator_device": _DIFFUSION,
+    "lora": "image LoRA adapters are not supported",
+    "vae_use_slicing": _DIFFUSION,
+    "vae_use_tiling": _DIFFUSION,
+    "return_stage_metrics": "stage metrics are on /metrics, not in responses",
 }
 
 IMAGE_GENERATIONS: dict[str, FieldRule] = {
@@ -230,6 +286,7 @@ IMAGE_GENERATIONS: dict[str, FieldRule] = {
     "seed": _rule({"image"}, "seed (vLLM-Omni extension)"),
     "style": _rule(_NOBODY, "styles are not supported"),
     "moderation": _rule(_NOBODY, "moderation levels are not supported"),
+    **{name: _rule(_NOBODY, why) for name, why in _IMAGES_030.items()},
 }
 
 IMAGE_EDITS: dict[str, FieldRule] = {
@@ -237,6 +294,7 @@ IMAGE_EDITS: dict[str, FieldRule] = {
     "image": _rule({"image"}, "the image to edit (PNG, JPEG, GIF, WebP)"),
     "mask": _rule(_NOBODY, "masks are not supported"),
     "input_fidelity": _rule(_NOBODY, "input fidelity is not supported"),
+    "sampling_params_list": SAMPLING_PARAMS_LIST,
 }
 
 VIDEOS: dict[str, FieldRule] = {
@@ -244,6 +302,7 @@ VIDEOS: dict[str, FieldRule] = {
     "prompt": _rule([ROUTE], "the video prompt"),
     "seconds": _rule({"video"}, "0.1 to 10 s"),
     "size": _rule({"video"}, "WxH, sides 64 to 512, multiples of 8"),
+    "sampling_params_list": SAMPLING_PARAMS_LIST,
 }
 
 REALTIME_RESPONSE: dict[str, FieldRule] = {
@@ -259,6 +318,7 @@ REALTIME_RESPONSE: dict[str, FieldRule] = {
     "conversation": _rule(_NOBODY, "conversations are not supported"),
     "input": _rule(_NOBODY, "conversation items are not supported"),
     "metadata": _rule(_NOBODY, "metadata is not stored"),
+    "sampling_params_list": SAMPLING_PARAMS_LIST,
 }
 
 # Route → (its request's table, the operation it documents).

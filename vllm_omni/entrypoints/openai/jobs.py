@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal, TypeVar
 
 from vllm_omni.entrypoints.openai import job_lock
+from vllm_omni.entrypoints.sampling_params_list import PARAMETER
 from vllm_omni.errors import GenerationError, OmniServiceUnavailableError
 from vllm_omni.errors.details import OmniErrorDetails
 from vllm_omni.errors.http import details_for_exception
@@ -477,8 +478,15 @@ class VideoJobs:
             self._tasks.pop(job_id, None)
 
     async def _generate(self, job_id: str, prompt: str, params: dict[str, Any]) -> None:
+        # The job keeps the caller's per-stage list beside the video's params.
+        params = dict(params)
+        entries = params.pop(PARAMETER, None)
         stream = self._engine.generate(
-            prompt, request_id=job_id, modalities=["video"], params=params
+            prompt,
+            request_id=job_id,
+            modalities=["video"],
+            params=params,
+            sampling_params_list=entries,
         )
         final = None
         async with contextlib.aclosing(stream) as outputs:

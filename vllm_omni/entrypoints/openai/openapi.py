@@ -263,6 +263,8 @@ class _Pipeline:
     stages: dict[str, StageConfig | None]
     limits: RequestLimits
     stage_domains: bool = True
+    # Every stage, for the per-stage ``sampling_params_list``.
+    all_stages: tuple[StageConfig, ...] = ()
 
     def of_stage(self, domains: Domains) -> Domains:
         return domains if self.stage_domains else {}
@@ -398,6 +400,84 @@ def _generation_domains(pipeline: _Pipeline, kind: str | None) -> Domains:
         "model": lambda s: pipeline.model_name(s, form=False),
         "stream_options": _stream_options,
         **_text_domains(pipeline, kind),
+        **_entries_domain(pipeline),
+    }
+
+
+def _entry_keys(kind: str) -> dict[str, Schema] | None:
+    """The keys (with their domains) a reference stage's entry of
+    ``sampling_params_list`` may set; ``None`` for a ``vllm`` stage, whose
+    keys upstream's ``SamplingParams`` checks."""
+    tokens = _integer(1, text_stage.MAX_TOKENS_LIMIT)
+    seed = _integer(*image_stage.SEED_RANGE)
+    non_empty = {"type": "string", "minLength": 1}
+    keys: dict[str, dict[str, Schema]] = {
+        "text": {
+            "max_tokens": tokens,
+            "max_completion_tokens": tokens,
+            "temperature": _number(*text_stage.TEMPERATURE_RANGE),
+            "seed": _integer(*text_stage.SEED_RANGE),
+            "stop": {
+                "anyOf": [
+                    non_empty,
+                    {
+                        "type": "array",
+                        "items": non_empty,
+                        "maxItems": text_stage.MAX_STOP,
+                    },
+                ]
+            },
+            "n": _integer(1, text_stage.MAX_CHOICES),
+        },
+        "talker": {
+            "voice": {"enum": sorted(VOICES)},
+            "speed": _number(*SPEED_RANGE),
+        },
+        "image": {
+            "n": _integer(1, image_stage.MAX_IMAGES),
+            "size": _size(*image_stage.SIZE_RANGE),
+            "seed": seed,
+        },
+        "video": {
+            "seconds": _number(*video_stage.SECONDS_RANGE),
+            "size": _size(*video_stage.SIZE_RANGE),
+            "fps": _integer(1, 30),
+            "seed": seed,
+        },
+    }
+    return None if kind == "vllm" else keys.get(kind, {})
+
+
+def _entries_domain(pipeline: _Pipeline) -> Domains:
+    """``sampling_params_list``: entry i the parameters of stage i, each with
+    its domain (docs/serving.md, "Per-stage sampling parameters"). The
+    schema ``check_body`` holds a request to keeps the list's own type only:
+    the entries are checked against their stages, which name the key."""
+    if not pipeline.stage_domains or not pipeline.all_stages:
+        return {}
+    by_id = {stage.id: stage for stage in pipeline.all_stages}
+    entries: list[Schema | bool] = []
+    for index in range(len(pipeline.all_stages)):
+        stage = by_id.get(index)
+        if stage is None:
+            entries.append(False)
+            continue
+        keys = _entry_keys(stage.kind)
+        entry: Schema = {"type": "object"}
+        if keys is not None:
+            entry.update(properties=keys, additionalProperties=False)
+        entries.append(
+            {
+                "anyOf": [entry, NULL],
+                "description": f"stage {stage.id} ({stage.name}, {stage.kind})",
+            }
+        )
+    array = {"type": "array", "prefixItems": entries, "items": False}
+    return {
+        "sampling_params_list": lambda s: {
+            **_like(s, array),
+            "description": s.get("description", ""),
+        }
     }
 
 
@@ -568,6 +648,7 @@ def _narrow_speech(doc: Schema, pipeline: _Pipeline) -> None:
                 "speed": lambda s: _like(s, _number(*SPEED_RANGE)),
             }
         ),
+        **_entries_domain(pipeline),
     }
     _narrow_fields(
         schema, "speech", pipeline.stages["audio"], domains, model=SpeechRequest
@@ -588,6 +669,7 @@ def _image_domains(pipeline: _Pipeline, *, form: bool) -> Domains:
                 "seed": lambda s: _like(s, _integer(*image_stage.SEED_RANGE)),
             }
         ),
+        **_entries_domain(pipeline),
     }
 
 
@@ -650,6 +732,7 @@ def _narrow_videos(doc: Schema, pipeline: _Pipeline) -> None:
                 else {"anyOf": [_number(low, high), seconds_text, NULL]}
             ),
             "size": lambda s, form=form: size if form else _like(s, size),
+            **_entries_domain(pipeline),
         }
         schema = _body(doc, "videos", media_type)
         _narrow_fields(schema, "videos", pipeline.stages["video"], domains, form=form)
@@ -695,6 +778,7 @@ def _narrowed(app: FastAPI, engine: AsyncOmni) -> _Served:
         model=engine.model_name,
         stages={m: engine.stage_for(m) for m in ("text", "audio", "image", "video")},
         limits=getattr(app.state, "limits", None) or RequestLimits(),
+        all_stages=tuple(getattr(getattr(engine, "config", None), "stages", ())),
     )
     routes = [r for r in _NARROW if _path(r) in generated["paths"]]
     document = copy.deepcopy(generated)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
+    AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
@@ -35,6 +36,7 @@ __all__ = [
     "INT64_MAX",
     "INT64_MIN",
     "ROLES",
+    "SAMPLING_PARAMS_LIST_DESCRIPTION",
     "VIDEO_CREATE_BODY",
     "VIDEO_DEFAULT_PAGE",
     "VIDEO_MAX_PAGE",
@@ -52,6 +54,7 @@ __all__ = [
     "OutputFormat",
     "PositiveInt64",
     "Quality",
+    "SamplingParamsList",
     "SpeechRequest",
     "UpstreamChatCompletionRequest",
     "UpstreamCompletionRequest",
@@ -118,6 +121,22 @@ def _unreadable_field(
     return None
 
 
+# vllm-omni's per-stage sampling parameters (``extra_body``): entry *i*
+# configures stage *i*; docs/serving.md, "Per-stage sampling parameters".
+# Entries are checked against their stage, which names the place of a
+# mistake as ``sampling_params_list[1]`` (pydantic would say ``...list.1``).
+SamplingParamsList = list[Any]
+SAMPLING_PARAMS_LIST_DESCRIPTION = (
+    "vllm-omni's per-stage sampling parameters: entry i configures the stage "
+    "with id i (null or {} keeps its defaults) and wins over the request's own "
+    "fields for that stage; each entry is checked as that stage's parameters."
+)
+
+
+def sampling_params_list_field() -> Any:
+    return Field(default=None, description=SAMPLING_PARAMS_LIST_DESCRIPTION)
+
+
 # -- chat --------------------------------------------------------------------------
 
 # Roles of the OpenAI chat API. Upstream also accepts any other string (a
@@ -141,6 +160,7 @@ class ChatCompletionRequest(JsonTypesFirst, UpstreamChatCompletionRequest):
     audio: AudioOptions | None = None
     # A LoRA adapter by name (``extra_body={"lora": ...}``); the stage decides.
     lora: str | None = None
+    sampling_params_list: SamplingParamsList | None = sampling_params_list_field()
 
 
 # -- completions -------------------------------------------------------------------
@@ -154,6 +174,7 @@ class CompletionRequest(JsonTypesFirst, UpstreamCompletionRequest):
 
     # A LoRA adapter by name (``extra_body={"lora": ...}``); the stage decides.
     lora: str | None = None
+    sampling_params_list: SamplingParamsList | None = sampling_params_list_field()
 
 
 # -- speech ------------------------------------------------------------------------
@@ -167,11 +188,33 @@ class SpeechRequest(BaseModel):
 
     model: str | None = None
     input: str = Field(min_length=1, max_length=4096)
-    voice: str = "alloy"
+    # vllm-omni's clients send the voice as ``speaker`` (its alias there).
+    voice: str = Field(
+        default="alloy", validation_alias=AliasChoices("voice", "speaker")
+    )
     response_format: Literal["wav"] = "wav"
     speed: float | None = None
     instructions: str | None = None
     stream_format: Literal["sse", "audio"] = "audio"
+    sampling_params_list: SamplingParamsList | None = sampling_params_list_field()
+    # vllm-omni 0.30's speech fields, each refused by name (``fields.py``).
+    stream: bool = False
+    sample_rate: int | None = None
+    task_type: str | None = None
+    language: str | None = None
+    ref_audio: str | list[str] | None = None
+    ref_text: str | None = None
+    ref_audio_2: str | None = None
+    ambient_sound: str | None = None
+    duration_seconds: float | None = None
+    x_vector_only_mode: bool | None = None
+    speaker_embedding: list[float] | list[list[float]] | None = None
+    max_new_tokens: int | None = None
+    seed: int | None = None
+    initial_codec_chunk_frames: int | None = None
+    non_streaming_mode: bool | None = None
+    extra_params: dict[str, Any] | None = None
+    word_timestamps: bool = False
 
 
 # -- images ------------------------------------------------------------------------
@@ -204,6 +247,23 @@ class ImageGenerationRequest(BaseModel):
     output_compression: int | None = Field(default=None, ge=0, le=100)
     stream: bool = False
     partial_images: int | None = Field(default=None, ge=0, le=3)
+    sampling_params_list: SamplingParamsList | None = sampling_params_list_field()
+    # vllm-omni 0.30's image fields, each refused by name (``fields.py``).
+    bot_task: str | None = None
+    layers: int | None = None
+    negative_prompt: str | None = None
+    system_prompt: str | None = None
+    use_system_prompt: str | None = None
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    true_cfg_scale: float | None = None
+    flow_shift: float | None = None
+    extra_params: dict[str, Any] | None = None
+    generator_device: str | None = None
+    lora: dict[str, Any] | None = None
+    vae_use_slicing: bool = False
+    vae_use_tiling: bool = False
+    return_stage_metrics: bool | None = None
 
 
 # -- videos ------------------------------------------------------------------------
@@ -223,6 +283,10 @@ _JSON_FIELDS: dict[str, Any] = {
     "model": {"type": ["string", "null"]},
     "seconds": {"type": ["number", "string", "null"]},
     "size": {"type": ["string", "null"]},
+    "sampling_params_list": {
+        "type": ["array", "null"],
+        "description": SAMPLING_PARAMS_LIST_DESCRIPTION,
+    },
 }
 VIDEO_CREATE_BODY = {
     "required": True,

@@ -339,7 +339,11 @@ async def _answer(
     request_id = request_id_of(request)
     shape = api(f"{api.id_prefix}-{request_id}", modalities)
     stream = engine.generate(
-        prompt, request_id=request_id, modalities=modalities, params=params
+        prompt,
+        request_id=request_id,
+        modalities=modalities,
+        params=params,
+        sampling_params_list=body.sampling_params_list,
     )
     if body.stream:
         return await _stream(request, stream, shape, body, prompt, engine.model_name)

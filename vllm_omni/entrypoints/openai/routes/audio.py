@@ -51,6 +51,7 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
         request_id=request_id_of(request),
         modalities=["audio"],
         params=params,
+        sampling_params_list=body.sampling_params_list,
     )
     audio: bytes | None = None
     async with contextlib.aclosing(stream) as outputs:

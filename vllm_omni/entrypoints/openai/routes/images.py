@@ -37,6 +37,7 @@ from vllm_omni.entrypoints.openai.serving_common import (
     request_id_of,
     require_modality,
 )
+from vllm_omni.entrypoints.sampling_params_list import PARAMETER, json_only_entries
 from vllm_omni.errors import GenerationError, VLLMUnprocessableEntityError
 from vllm_omni.stages.image import probe_image
 
@@ -46,10 +47,18 @@ router = APIRouter()
 
 
 async def _images(
-    engine: AsyncOmni, prompt: str, request_id: str, params: dict[str, Any]
+    engine: AsyncOmni,
+    prompt: str,
+    request_id: str,
+    params: dict[str, Any],
+    sampling_params_list: list[Any] | None,
 ) -> dict[str, Any]:
     stream = engine.generate(
-        prompt, request_id=request_id, modalities=["image"], params=params
+        prompt,
+        request_id=request_id,
+        modalities=["image"],
+        params=params,
+        sampling_params_list=sampling_params_list,
     )
     images: list[bytes] = []
     async with contextlib.aclosing(stream) as outputs:
@@ -83,7 +92,9 @@ async def generate_images(
     params: dict[str, Any] = {"n": body.n, "size": body.size}
     if body.seed is not None:
         params["seed"] = body.seed
-    return await _images(engine, body.prompt, request_id_of(request), params)
+    return await _images(
+        engine, body.prompt, request_id_of(request), params, body.sampling_params_list
+    )
 
 
 @router.post("/v1/images/edits")
@@ -138,4 +149,6 @@ async def edit_images(
         "max_image_pixels": limits.max_image_pixels,
         "max_image_frames": limits.max_image_frames,
     }
-    return await _images(engine, prompt, request_id_of(request), params)
+    if PARAMETER in await request.form():
+        raise json_only_entries()
+    return await _images(engine, prompt, request_id_of(request), params, None)

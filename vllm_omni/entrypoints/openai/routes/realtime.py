@@ -73,6 +73,7 @@ from vllm_omni.entrypoints.openai.serving_common import (
     require_modality,
 )
 from vllm_omni.entrypoints.openai.unicode import non_unicode_error
+from vllm_omni.entrypoints.sampling_params_list import PARAMETER, per_stage_params
 from vllm_omni.errors import VLLMValidationError, sanitize_request_id
 from vllm_omni.errors.http import stream_error_details
 from vllm_omni.errors.render import ws_close_code, ws_error_event
@@ -99,6 +100,7 @@ class _ResponseCreate:
     instructions: str
     modalities: tuple[str, ...]
     params: dict[str, Any] = field(default_factory=dict)
+    sampling_params_list: Any = None
 
 
 def _decode(frame: str | bytes) -> dict[str, Any]:
@@ -173,7 +175,20 @@ def _response_create(event: dict[str, Any], event_id: str | None) -> _ResponseCr
             )
         params[name] = value
     ordered = tuple(m for m in ("text", "audio") if m in modalities)
-    return _ResponseCreate(event_id, instructions, ordered, params)
+    entries = response.get(PARAMETER)
+    return _ResponseCreate(event_id, instructions, ordered, params, entries)
+
+
+def _check_entries(engine: AsyncOmni, entries: Any) -> None:
+    """The per-stage list checked before the response starts, its mistakes
+    named within the event (``response.sampling_params_list[1].voice``)."""
+    try:
+        per_stage_params(engine.config.stages, entries)
+    except VLLMValidationError as exc:
+        raise VLLMValidationError(
+            f"response.{exc.args[0] if exc.args else exc}",
+            parameter=f"response.{getattr(exc, 'parameter', None) or PARAMETER}",
+        ) from None
 
 
 class _Session:
@@ -251,6 +266,8 @@ class _Session:
                 prefix="response.",
                 known_only=True,
             )
+            if request.sampling_params_list is not None:
+                _check_entries(self._engine, request.sampling_params_list)
             return request
         except VLLMValidationError as exc:
             details = stream_error_details(self._ws, exc)
@@ -288,6 +305,7 @@ class _Session:
                 request_id=self._id,
                 modalities=request.modalities,
                 params=request.params,
+                sampling_params_list=request.sampling_params_list,
             )
             async with contextlib.aclosing(stream) as outputs:
                 async for output in outputs:

@@ -53,6 +53,11 @@ from vllm_omni.entrypoints.openai.serving_common import (
     engine_of,
     require_modality,
 )
+from vllm_omni.entrypoints.sampling_params_list import (
+    PARAMETER,
+    json_only_entries,
+    per_stage_params,
+)
 from vllm_omni.errors import (
     OmniConflictError,
     OmniNotImplementedError,
@@ -221,6 +226,12 @@ async def create_video(request: Request) -> dict[str, Any]:
         params["seconds"] = seconds
     if size is not None:
         params["size"] = size
+    # Checked now, as the rest of the body: the job runs after the 200.
+    entries = fields.get(PARAMETER)
+    if entries is not None and media_type != "application/json":
+        raise json_only_entries()
+    if entries is not None and per_stage_params(engine.config.stages, entries):
+        params[PARAMETER] = entries
     job = await _jobs_of(request).submit(
         prompt=prompt,
         params=params,
