@@ -124,6 +124,9 @@ def make_parser(prog: str) -> FlexibleArgumentParser:
         description="Serve a model, or a multi-stage pipeline, over an "
         "OpenAI-compatible API: vLLM's serve arguments plus vllm-omni's own.",
         conflict_handler="resolve",
+        # A misspelling that happens to be a prefix (``--max-num-seq``) is
+        # refused, not taken for the option it abbreviates.
+        allow_abbrev=False,
     )
     _make_arg_parser()(parser)
     add_omni_options(parser)
