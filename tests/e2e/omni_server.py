@@ -286,15 +286,18 @@ def start_command(
     command: Sequence[str],
     *args: str,
     env: dict[str, str] | None = None,
+    job_store: bool = True,
 ) -> OmniServer:
     """Spawn a server the way an operator types it (``vllm serve MODEL
     --omni …``, ``vllm-omni serve MODEL …``), on a free loopback port with a
-    private job store; ``command`` is the console script and its subcommand.
+    private job store (``job_store=False``: upstream's ``vllm serve``, which
+    has none); ``command`` is the console script and its subcommand.
     Without waiting for readiness."""
     directory.mkdir(parents=True, exist_ok=True)
     port = free_port()
     argv = [*command, *args, "--host", "127.0.0.1", "--port", str(port)]
-    argv += ["--job-store", str(directory / f"jobs-{port}.sqlite3")]
+    if job_store:
+        argv += ["--job-store", str(directory / f"jobs-{port}.sqlite3")]
     log_path = directory / f"server-{port}.log"
     proc = subprocess.Popen(
         argv,
