@@ -42,6 +42,7 @@ import argparse
 import asyncio
 import dataclasses
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -750,6 +751,20 @@ async def _measure_engines(
         direct.shutdown()
 
 
+def _server_cores() -> tuple[str, ...]:
+    """``taskset`` pinning both servers (their engines inherit it) to the same
+    last core, with this process (the client) on the others: on 2 cores the
+    scheduler otherwise places each side's EngineCore and worker its own way,
+    and a run's verdict follows the placement, not the contract. Nothing on a
+    single core, or without ``taskset``."""
+    cores = sorted(os.sched_getaffinity(0))
+    taskset = shutil.which("taskset")
+    if len(cores) < 2 or taskset is None:
+        return ()
+    os.sched_setaffinity(0, cores[:-1])
+    return (taskset, "-c", str(cores[-1]))
+
+
 def _measure_servers(
     directory: Path, engine_args: dict[str, Any], rounds: Rounds
 ) -> list[dict[str, object]]:
@@ -778,14 +793,15 @@ def _measure_servers(
         str(engine_args["max_num_seqs"]),
         "--enforce-eager",
     )
-    upstream = (sys.executable, "-m", "vllm.entrypoints.openai.api_server")
+    pin = _server_cores()
+    upstream = (*pin, sys.executable, "-m", "vllm.entrypoints.openai.api_server")
     servers = {
         "upstream": start_command(
             directory / "upstream", upstream, *same, job_store=False
         ),
         "omni": start_command(
             directory / "omni",
-            (console_script("vllm"), "serve"),
+            (*pin, console_script("vllm"), "serve"),
             *same,
             "--omni",
             "--startup-timeout",
