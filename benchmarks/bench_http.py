@@ -9,8 +9,8 @@ mounts it, each on its own registry so every app really counts):
   body and WebSocket message limits at their defaults) vs the same app
   without it; target: ratio >= 0.98;
 - ``error route``: a mix of semantic and raw errors through ours vs through
-  upstream's ``init_exception_handler``; target: ours >= upstream
-  (ratio >= 1.0) although ours sanitizes more, counts every error and logs;
+  upstream's ``init_exception_handler``; target: ratio >= 1.2 (issue 38)
+  although ours sanitizes more, counts every error and logs;
 - ``boundary alone``: the boundary's own CPU time per success around a bare
   ASGI app (no client, no framework, no instrumentator), and of that the
   request id with its ``X-Request-Id`` header: what the success route's
@@ -58,7 +58,7 @@ BLOCK = 10
 ROUNDS = 400
 QUICK_ROUNDS = 8
 SUCCESS_TARGET = ">= 0.98"
-ERROR_TARGET = ">= 1.0"
+ERROR_TARGET = ">= 1.2"
 
 ERRORS: tuple[Callable[[], Exception], ...] = (
     lambda: VLLMValidationError("temperature must be <= 2", parameter="temperature"),

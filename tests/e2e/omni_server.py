@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -300,3 +301,35 @@ def start_server(
         stderr=subprocess.STDOUT,
     )
     return OmniServer(proc, f"http://{host}:{port}", log_path, api_key)
+
+
+def start_command(
+    directory: Path,
+    command: Sequence[str],
+    *args: str,
+    env: dict[str, str] | None = None,
+    job_store: bool = True,
+) -> OmniServer:
+    """Spawn a server the way an operator types it (``vllm serve MODEL
+    --omni …``, ``vllm-omni serve MODEL …``), on a free loopback port with a
+    private job store (``job_store=False``: upstream's ``vllm serve``, which
+    has none); ``command`` is the console script and its subcommand.
+    Without waiting for readiness."""
+    directory.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    argv = [*command, *args, "--host", "127.0.0.1", "--port", str(port)]
+    if job_store:
+        argv += ["--job-store", str(directory / f"jobs-{port}.sqlite3")]
+    log_path = directory / f"server-{port}.log"
+    proc = subprocess.Popen(
+        argv,
+        env={**os.environ, **(env or {})},
+        stdout=log_path.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    return OmniServer(proc, f"http://127.0.0.1:{port}", log_path)
+
+
+def console_script(name: str) -> str:
+    """The installed console script ``name`` of this interpreter's environment."""
+    return str(Path(sys.executable).with_name(name))

@@ -26,6 +26,8 @@ _TOOLS: dict[str, str] = {
     ),
 }
 
+_OMNI_FLAG = "--omni"
+
 _USAGE = """usage: vllm-omni <command> [options]
 
 commands:
@@ -52,7 +54,17 @@ def _missing_tool(module_name: str) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
+    """Run the command in ``argv``; without ``argv`` (a console script, or
+    ``vllm ... --omni``, whose CLI ignores what this returns) the command
+    line's, exiting with its status."""
+    if argv is None:
+        sys.exit(_run(sys.argv[1:]))
+    return _run(argv)
+
+
+def _run(argv: Sequence[str]) -> int:
+    # ``vllm serve MODEL --omni`` delegates here with its whole command line.
+    args = [arg for arg in argv if arg != _OMNI_FLAG]
     for path, target in sorted(_COMMANDS.items(), key=lambda kv: -len(kv[0])):
         if tuple(args[: len(path)]) == path:
             module_name, func = target.split(":")

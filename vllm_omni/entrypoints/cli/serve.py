@@ -23,11 +23,13 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from types import ModuleType
 from typing import NoReturn
 
-from vllm_omni.entrypoints.openai.limits import add_limit_options
+import uvloop
+
+from vllm_omni.config import PipelineConfig
+from vllm_omni.entrypoints.cli.options import add_frontend_options, add_omni_options
 
 __all__ = ["main", "make_parser", "preflight"]
 
@@ -48,106 +50,28 @@ class PreflightError(Exception):
     """A check before startup failed; the message is the one line to print."""
 
 
-def _default_job_store() -> str:
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return str(Path(cache) / "vllm-omni" / "jobs.sqlite3")
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be a positive integer")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("must be a positive number") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError("must be a positive number")
-    return value
-
-
 def make_parser() -> argparse.ArgumentParser:
+    """The light parser: this project's options and ``--host``/``--port``/
+    ``--api-key``, checked before vLLM is imported; anything else (a model,
+    vLLM's serve arguments, ``--help``) is left for vLLM's own parser."""
     parser = _Parser(
         prog=_PROG,
         description="Serve a multi-stage pipeline over an OpenAI-compatible API.",
+        add_help=False,
+        allow_abbrev=False,
     )
-    parser.add_argument(
-        "--pipeline",
-        default="reference",
-        help="'reference' (built in, CPU, no weights) or a pipeline YAML file",
-    )
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument(
-        "--api-key",
-        default=os.environ.get("VLLM_OMNI_API_KEY"),
-        help="require 'Authorization: Bearer KEY' (default: $VLLM_OMNI_API_KEY)",
-    )
-    parser.add_argument(
-        "--error-mode",
-        choices=("strict", "legacy"),
-        default="strict",
-        help="legacy: raw ValueError/TypeError/OverflowError → 400 and "
-        "NotImplementedError → 501 while call sites migrate (counted, logged)",
-    )
-    parser.add_argument(
-        "--max-num-queued-reqs",
-        type=_positive_int,
-        default=None,
-        help="requests in flight before new ones are refused with 503 "
-        "QueueOverflowError and a Retry-After header (admission control; "
-        "default: the engine's, 1024)",
-    )
-    parser.add_argument(
-        "--startup-timeout",
-        type=_positive_float,
-        default=None,
-        help="seconds every stage gets to be ready before the start fails "
-        "with the name of the stage that was not (default 120; a vllm stage "
-        "loads its model in that time)",
-    )
-    parser.add_argument(
-        "--job-store",
-        default=_default_job_store(),
-        help="SQLite file for async video jobs (survives restarts)",
-    )
-    parser.add_argument(
-        "--worker-backend",
-        choices=("multi_process", "ray"),
-        default=None,
-        help="run stages as local processes (default) or as Ray actors "
-        "(pip install 'vllm-omni[ray]'); overrides the pipeline's worker_backend",
-    )
-    parser.add_argument(
-        "--ray-address",
-        default=None,
-        help="with --worker-backend ray: join this cluster (HOST:PORT); "
-        "default: start a local Ray instance on 127.0.0.1 with the server",
-    )
-    parser.add_argument(
-        "--log-level",
-        default="info",
-        choices=("debug", "info", "warning", "error"),
-    )
-    add_limit_options(parser)
+    add_frontend_options(parser)
+    add_omni_options(parser)
     return parser
 
 
 def preflight(args: argparse.Namespace) -> None:
     """Check the pipeline file, claim the job store and bind the port, all
     before vLLM is imported; raise ``PreflightError`` with one line."""
-    from vllm_omni.config import PipelineConfigError, check_pipeline
     from vllm_omni.entrypoints.openai import job_lock
 
-    try:
-        # Fault exception classes need vLLM; AsyncOmni checks them at load.
-        check_pipeline(args.pipeline, build_faults=False)
-    except PipelineConfigError as exc:
-        raise PreflightError(str(exc)) from None
+    if not isinstance(args.pipeline, PipelineConfig):
+        preflight_pipeline(args.pipeline)
     if args.job_store:
         try:
             job_lock.claim(args.job_store, ahead=True)
@@ -229,10 +153,48 @@ def _import_server() -> ModuleType:
     return module
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
-    args.uvicorn_log_level = args.log_level
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """This project's own options first (a mistake in them fails before vLLM
+    is imported, in milliseconds); a model, any other argument or ``--help``
+    then goes through vLLM's own serve parser, which exits with one line on
+    an argument it does not know."""
+    args, rest = make_parser().parse_known_args(argv)
+    if not rest:
+        args.pipeline = args.pipeline or "reference"
+        args.uvicorn_log_level = args.log_level
+        return args
+    from vllm_omni.entrypoints.cli import vllm_args
+
+    if args.pipeline is not None:
+        # A broken pipeline file fails before vLLM's argument modules load.
+        preflight_pipeline(args.pipeline)
+    parser = vllm_args.make_parser(_PROG)
+    own = {action.dest for action in make_parser()._actions}
     try:
+        served = vllm_args.resolve(parser, argv, own)
+    except vllm_args.CommandLineError as exc:
+        raise PreflightError(str(exc)) from None
+    full = served.args
+    full.pipeline = served.pipeline
+    if full.uvicorn_log_level == parser.get_default("uvicorn_log_level"):
+        full.uvicorn_log_level = full.log_level
+    return full
+
+
+def preflight_pipeline(spec: str) -> None:
+    """A pipeline file that cannot be loaded, as one line (no vLLM import)."""
+    from vllm_omni.config import PipelineConfigError, check_pipeline
+
+    try:
+        # Fault exception classes need vLLM; AsyncOmni checks them at load.
+        check_pipeline(spec, build_faults=False)
+    except PipelineConfigError as exc:
+        raise PreflightError(str(exc)) from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = _parse(list(sys.argv[1:] if argv is None else argv))
         preflight(args)
     except PreflightError as exc:
         sys.stderr.write(f"{_PROG}: error: {exc}\n")
@@ -254,7 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     start_launcher(fork=True)
     code = 0
     try:
-        code = asyncio.run(_serve(args))
+        # The loop ``vllm serve`` runs on.
+        code = uvloop.run(_serve(args))
     except KeyboardInterrupt:
         code = 0
     except (VLLMValidationError, StageStartupError) as exc:

@@ -22,12 +22,13 @@ import gc
 import importlib
 import logging
 import signal
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 import uvicorn
 from fastapi import Depends, FastAPI
 from prometheus_fastapi_instrumentator import Instrumentator
+from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 
 from vllm_omni.entrypoints.async_omni import AsyncOmni
@@ -49,6 +50,15 @@ logger = logging.getLogger("vllm_omni.server")
 _UNMETERED = ["/metrics", "/health"]
 _EXIT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _UVICORN_WS_MAX_SIZE = 16 * 1024 * 1024
+# ``vllm serve`` frontend arguments passed to uvicorn under the same name.
+_UVICORN_SETTINGS = (
+    "ssl_keyfile",
+    "ssl_certfile",
+    "ssl_ca_certs",
+    "ssl_cert_reqs",
+    "ssl_ciphers",
+    "h11_max_incomplete_event_size",
+)
 
 # Route modules: each has ``router``, optionally ``PUBLIC`` (no API key) and
 # ``init_state(app, args)`` / ``shutdown_state(app)`` hooks.
@@ -106,7 +116,7 @@ def build_app(args: argparse.Namespace) -> FastAPI:
         await _run_hooks(app, "shutdown_state")
 
     app = FastAPI(title="vLLM-Omni", lifespan=lifespan)
-    app.state.api_key = getattr(args, "api_key", None)
+    app.state.api_keys = _api_keys(getattr(args, "api_key", None))
     app.state.route_modules = route_modules()
     # Every route, public ones included, refuses text that is not Unicode;
     # the key is checked first (before the body is read, see auth).
@@ -127,6 +137,16 @@ def build_app(args: argparse.Namespace) -> FastAPI:
         max_request_bytes=app.state.limits.max_request_bytes,
         max_ws_message_bytes=app.state.limits.max_ws_message_bytes,
     )
+    origins = getattr(args, "allowed_origins", None)
+    if origins:
+        # Outermost, as in ``vllm serve``: error responses carry CORS headers too.
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=origins,
+            allow_credentials=args.allow_credentials,
+            allow_methods=args.allowed_methods,
+            allow_headers=args.allowed_headers,
+        )
     Instrumentator(excluded_handlers=_UNMETERED).instrument(app).expose(
         app, response_class=_PrometheusResponse, include_in_schema=False
     )
@@ -138,6 +158,30 @@ def build_app(args: argparse.Namespace) -> FastAPI:
     ]
     app.add_route(str(app.openapi_url), openapi.endpoint, include_in_schema=False)
     return app
+
+
+def _api_keys(value: str | Sequence[str] | None) -> tuple[bytes, ...]:
+    """``--api-key``: one key (``vllm-omni serve``, ``$VLLM_OMNI_API_KEY``) or
+    several (vLLM's parser)."""
+    if not value:
+        return ()
+    keys = [value] if isinstance(value, str) else list(value)
+    return tuple(key.encode() for key in keys if key)
+
+
+def _uvicorn_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The frontend arguments of ``vllm serve`` that are uvicorn settings
+    (absent from a namespace that did not come from vLLM's parser)."""
+    options: dict[str, Any] = {
+        name: getattr(args, name)
+        for name in _UVICORN_SETTINGS
+        if getattr(args, name, None) is not None
+    }
+    if getattr(args, "root_path", None):
+        options["root_path"] = args.root_path
+    if getattr(args, "disable_uvicorn_access_log", False):
+        options["access_log"] = False
+    return options
 
 
 class _PrometheusResponse(Response):
@@ -164,7 +208,10 @@ async def run_server(args: argparse.Namespace, engine: AsyncOmni) -> int:
     try:
         app = build_app(args)
         await init_app_state(app, engine, args)
+        # As ``vllm serve`` does: the start-up heap is never collected again,
+        # so collections while serving are short (see ``_freeze_heap``).
         _freeze_heap()
+        logger.info("froze %d start-up objects out of GC", gc.get_freeze_count())
         config = uvicorn.Config(
             app,
             host=args.host,
@@ -172,6 +219,7 @@ async def run_server(args: argparse.Namespace, engine: AsyncOmni) -> int:
             log_level=args.uvicorn_log_level,
             timeout_graceful_shutdown=5,
             ws_max_size=_ws_max_size(app),
+            **_uvicorn_options(args),
         )
         # uvicorn's own handlers re-raise SIGINT/SIGTERM once serve() returns,
         # killing the process before the stages are shut down below; like
@@ -184,11 +232,12 @@ async def run_server(args: argparse.Namespace, engine: AsyncOmni) -> int:
         watchdog = asyncio.create_task(_watch_engine(server, engine))
         freeze = asyncio.create_task(_freeze_when_warm(app))
         logger.info(
-            "vllm-omni serving %s on http://%s:%d (error mode %s)",
+            "vllm-omni serving %s on http://%s:%d (error mode %s, event loop %s)",
             engine.model_name,
             args.host,
             args.port,
             args.error_mode,
+            type(loop).__module__,
         )
         # The socket ``vllm-omni serve`` bound before startup, if any.
         listening = getattr(args, "listen_socket", None)

@@ -37,13 +37,14 @@ def _presented_key(conn: HTTPConnection) -> str | None:
 
 
 async def require_api_key(conn: HTTPConnection) -> None:
-    """Reject the request with 401 unless it presents the configured key."""
-    expected: str | None = getattr(conn.app.state, "api_key", None)
+    """Reject the request with 401 unless it presents one of the configured
+    keys (``--api-key`` takes several, as in ``vllm serve``)."""
+    expected: tuple[bytes, ...] = getattr(conn.app.state, "api_keys", ())
     if not expected:
         return
     presented = _presented_key(conn)
-    if presented is None or not hmac.compare_digest(
-        presented.encode(), expected.encode()
+    if presented is None or not any(
+        hmac.compare_digest(presented.encode(), key) for key in expected
     ):
         raise OmniClientError(
             "Invalid or missing API key.",

@@ -1,0 +1,329 @@
+"""``vllm serve MODEL --omni`` and ``vllm-omni serve MODEL``: vLLM's own serve
+parser plus this project's options.
+
+What a command line asks for is a table (``resolve`` with upstream's parser,
+built once for the module); the promises to an operator run the installed
+console scripts: vLLM's CLI reaches this one and its exit status is ours, an
+argument that has no meaning is refused in one line naming it, a mistake in
+this project's own options still fails before vLLM is imported, and a server
+started with vLLM's frontend arguments honours them (openai SDK, real
+uvicorn).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from tests.e2e.omni_server import (
+    REFERENCE_STAGES,
+    OmniServer,
+    console_script,
+    start_command,
+)
+
+pytestmark = pytest.mark.timeout(600)
+
+PROG = "vllm-omni serve: error: "
+# A mistake in this project's own options fails before vLLM is imported.
+FAST_S = 3.0
+
+
+@pytest.fixture(scope="module")
+def parser() -> Any:
+    from vllm_omni.entrypoints.cli import vllm_args
+
+    return vllm_args.make_parser("vllm-omni serve")
+
+
+@pytest.fixture(scope="module")
+def own() -> set[str]:
+    from vllm_omni.entrypoints.cli.serve import make_parser
+
+    return {action.dest for action in make_parser()._actions}
+
+
+@pytest.fixture
+def vllm_pipeline(tmp_path: Path) -> Path:
+    """A pipeline file with one vllm stage behind the reference guardrail."""
+    stages = [
+        REFERENCE_STAGES[0],
+        {
+            "id": 1,
+            "name": "thinker",
+            "kind": "vllm",
+            "options": {"engine_args": {"model": "file/model", "max_model_len": 64}},
+        },
+    ]
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump({"model": "from-file", "stages": stages}))
+    return path
+
+
+def _resolve(parser: Any, own: set[str], *argv: str) -> Any:
+    from vllm_omni.entrypoints.cli import vllm_args
+
+    return vllm_args.resolve(parser, list(argv), own)
+
+
+def test_a_model_alone_is_one_vllm_stage_without_a_guardrail(
+    parser: Any, own: set[str]
+) -> None:
+    served = _resolve(
+        parser,
+        own,
+        "org/model",
+        "--max-model-len",
+        "128",
+        "--dtype",
+        "float32",
+        "--served-model-name",
+        "tiny",
+        "--api-key",
+        "k1",
+        "k2",
+        "--uvicorn-log-level",
+        "warning",
+        "--error-mode",
+        "legacy",
+    )
+    pipeline = served.pipeline
+    assert pipeline.model == "tiny"
+    (stage,) = pipeline.stages  # no guardrail stage: none was configured
+    assert (stage.kind, stage.in_process) == ("vllm", True)
+    assert stage.options["engine_args"] == {
+        "model": "org/model",
+        "max_model_len": 128,
+        "dtype": "float32",
+    }
+    args = served.args
+    assert (args.api_key, args.uvicorn_log_level, args.error_mode) == (
+        ["k1", "k2"],
+        "warning",
+        "legacy",
+    )
+
+
+def test_a_pipeline_file_gives_the_model_and_engine_arguments_to_its_vllm_stage(
+    parser: Any, own: set[str], vllm_pipeline: Path
+) -> None:
+    served = _resolve(
+        parser, own, "--pipeline", str(vllm_pipeline), "--max-model-len", "32"
+    )
+    guardrail, thinker = served.pipeline.stages
+    assert guardrail.kind == "guardrail"
+    assert thinker.options["engine_args"] == {
+        "model": "file/model",
+        "max_model_len": 32,
+    }
+    assert served.pipeline.model == "from-file"
+
+
+@pytest.mark.parametrize(
+    ("argv", "pipeline", "model"),
+    [
+        ((), "reference", None),
+        (("--pipeline", "reference", "--error-mode", "legacy"), "reference", None),
+        (("--served-model-name", "ref"), "builtin:reference", "ref"),
+    ],
+)
+def test_without_a_model_the_pipeline_is_served(
+    parser: Any,
+    own: set[str],
+    argv: tuple[str, ...],
+    pipeline: str,
+    model: str | None,
+) -> None:
+    served = _resolve(parser, own, *argv)
+    if model is None:
+        assert served.pipeline == pipeline
+    else:
+        assert (served.pipeline.source, served.pipeline.model) == (pipeline, model)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ("--pipeline", "reference", "--max-model-len", "128"),
+            "--max-model-len cannot be used with pipeline builtin:reference: it "
+            "has no vllm stage to give it to",
+        ),
+        (
+            ("--pipeline", "reference", "org/model"),
+            "--model cannot be used with pipeline builtin:reference: it has no "
+            "vllm stage to give it to",
+        ),
+        (
+            ("org/model", "--enable-request-id-headers"),
+            "--enable-request-id-headers is not supported by vllm-omni serve",
+        ),
+        (
+            ("org/model", "--middleware", "my.Middleware"),
+            "--middleware is not supported by vllm-omni serve",
+        ),
+        (
+            ("org/model", "--api-server-count", "2"),
+            "--api-server-count is not supported by vllm-omni serve",
+        ),
+        (
+            ("org/model", "--served-model-name", "a", "b"),
+            "--served-model-name takes one name here (the pipeline's model)",
+        ),
+    ],
+)
+def test_an_argument_with_no_meaning_here_is_refused_by_name(
+    parser: Any, own: set[str], argv: tuple[str, ...], message: str
+) -> None:
+    from vllm_omni.entrypoints.cli import vllm_args
+
+    with pytest.raises(vllm_args.CommandLineError) as caught:
+        _resolve(parser, own, *argv)
+    assert str(caught.value) == message
+
+
+def _run(*argv: str, timeout: float = 300.0) -> tuple[int, str, str, float]:
+    start = time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    return done.returncode, done.stdout, done.stderr, time.monotonic() - start
+
+
+def _error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith(PROG)]
+
+
+def test_vllm_serve_omni_reaches_this_cli_and_exits_with_its_status(
+    tmp_path: Path,
+) -> None:
+    """The installed ``vllm`` script delegates ``--omni`` to this project; a
+    misspelled engine argument is one line naming it and exit status 2."""
+    code, _, stderr, _ = _run(
+        console_script("vllm"),
+        "serve",
+        "org/model",
+        "--omni",
+        "--max-modle-len",
+        "128",
+        "--job-store",
+        str(tmp_path / "jobs"),
+    )
+    assert code == 2, stderr[-3000:]
+    assert "Traceback" not in stderr
+    assert _error_lines(stderr) == [
+        f"{PROG}unrecognized arguments: --max-modle-len 128"
+    ]
+
+
+def test_own_option_mistake_fails_before_vllm_is_imported(tmp_path: Path) -> None:
+    code, _, stderr, took = _run(
+        console_script("vllm-omni"),
+        "serve",
+        "org/model",
+        "--max-model-len",
+        "128",
+        "--error-mode",
+        "lenient",
+        "--job-store",
+        str(tmp_path / "jobs"),
+    )
+    assert code == 2 and took < FAST_S, (took, stderr)
+    assert stderr == (
+        f"{PROG}argument --error-mode: invalid choice: 'lenient' "
+        "(choose from 'strict', 'legacy')\n"
+    )
+
+
+def test_help_lists_vllm_serve_arguments_and_this_projects() -> None:
+    code, stdout, stderr, _ = _run(
+        sys.executable, "-m", "vllm_omni.entrypoints.cli.main", "serve", "--help=all"
+    )
+    assert code == 0, stderr[-3000:]
+    for option in (
+        "--max-model-len",
+        "--served-model-name",
+        "--uvicorn-log-level",
+        "--allowed-origins",
+        "--pipeline",
+        "--error-mode",
+        "--job-store",
+        "--max-request-bytes",
+    ):
+        assert option in stdout, option
+
+
+ORIGIN = "http://app.example"
+
+
+@pytest.fixture(scope="module")
+def frontend_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OmniServer]:
+    """The reference pipeline (no weights) started with ``vllm serve --omni``
+    and vLLM's frontend arguments."""
+    server = start_command(
+        tmp_path_factory.mktemp("vllm-serve-frontend"),
+        (console_script("vllm"), "serve"),
+        "--omni",
+        "--served-model-name",
+        "omni-ref",
+        "--api-key",
+        "key-one",
+        "key-two",
+        "--allowed-origins",
+        f'["{ORIGIN}"]',
+        "--uvicorn-log-level",
+        "warning",
+    )
+    try:
+        server.wait_ready(timeout=300)
+        yield server
+    finally:
+        server.stop()
+
+
+def test_frontend_arguments_behave_as_in_vllm_serve(
+    frontend_server: OmniServer,
+) -> None:
+    base = frontend_server.base_url
+    for key in ("key-one", "key-two"):
+        client = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0)
+        assert [m.id for m in client.models.list().data] == ["omni-ref"]
+        reply = client.chat.completions.create(
+            model="omni-ref", messages=[{"role": "user", "content": "hi"}]
+        )
+        assert reply.choices[0].message.content
+    stranger = openai.OpenAI(base_url=base + "/v1", api_key="nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        stranger.models.list()
+    preflight = httpx.options(
+        base + "/v1/models",
+        headers={"Origin": ORIGIN, "Access-Control-Request-Method": "GET"},
+    )
+    assert preflight.status_code == 200
+    assert preflight.headers["access-control-allow-origin"] == ORIGIN
+    elsewhere = httpx.options(
+        base + "/v1/models",
+        headers={
+            "Origin": "http://evil.example",
+            "Access-Control-Request-Method": "GET",
+        },
+    )
+    assert "access-control-allow-origin" not in elsewhere.headers
+
+
+def test_the_server_runs_on_uvloop_with_its_start_up_heap_frozen(
+    frontend_server: OmniServer,
+) -> None:
+    frontend_server.wait_for_log(
+        r"vllm-omni serving omni-ref on http://127\.0\.0\.1:\d+ "
+        r"\(error mode strict, event loop uvloop\)",
+        r"froze [1-9]\d* start-up objects out of GC",
+        within_s=30,
+    )
