@@ -1014,6 +1014,10 @@ _LOG_LINE = re.compile(
     r"^\d{4}-\d\d-\d\d [\d:,]+ (?P<level>[A-Z]+) (?P<logger>[\w.]+): (?P<text>.*)$"
     r"|^(?P<uvicorn>WARNING|ERROR|CRITICAL):\s"
 )
+_RECORD_START = re.compile(
+    r"(?<=[^\n])\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} "
+    r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) "
+)
 LOG_5XX = "5xx logged at ERROR with the request id"
 LOG_4XX = "4xx logged at INFO"
 LOG_DEADLINES = "stage deadlines logged at WARNING"
@@ -1025,6 +1029,9 @@ LOG_OTHER = "other server warnings and errors"
 def log_counts(text: str) -> Counter[str]:
     """The log lines docs/errors/http.md promises, and everything else alarming."""
     counts: Counter[str] = Counter({LOG_OTHER: 0})
+    # Ray forwards its actors' output into the same stream, a chunk at a time
+    # and not always ending in a newline: a record can start mid-line.
+    text = _RECORD_START.sub(r"\n\g<0>", text)
     for line in text.splitlines():
         match = _LOG_LINE.match(line)
         if match is None:
