@@ -194,6 +194,14 @@ def _planted(
     planted["paths"] = {"/v1/audio/speech": planted["paths"]["/v1/audio/speech"]}
     speech = planted["components"]["schemas"]["SpeechRequest"]
     speech["properties"]["speed"]["anyOf"][0]["maximum"] = maximum
+    # Only the fields a request needs and the planted one: with every other
+    # field of the route to mutate, negative data that breaks the bound
+    # alone is too rare for the search to meet.
+    kept = {"input", "voice", "speed"}
+    speech["properties"] = {
+        name: schema for name, schema in speech["properties"].items() if name in kept
+    }
+    speech["required"] = [name for name in speech.get("required", []) if name in kept]
     validators = tuple(
         jsonschema_rs.Draft202012Validator(
             {
@@ -217,9 +225,10 @@ def _planted(
             checks.positive_data_acceptance,
             RejectedPositiveData,
         ),
-        # Stricter than the server: a request it does not admit is honoured.
+        # Stricter than the server: a request it does not admit is honoured
+        # (a wide gap: negative data above a maximum is often far above it).
         (
-            2.0,
+            0.3,
             GenerationMode.NEGATIVE,
             checks.negative_data_rejection,
             AcceptedNegativeData,
@@ -248,7 +257,9 @@ def test_a_planted_gap_between_document_and_server_is_caught(
         operation.as_strategy(generation_mode=mode),
         disagree,
         settings=settings(
-            max_examples=1000,
+            # Negative data that breaks the one planted bound and nothing
+            # else is rare (about one body in 200).
+            max_examples=5000,
             derandomize=True,
             database=None,
             # The first such request is the point, not the simplest one.
