@@ -293,6 +293,18 @@ def start_server(
     if api_key:
         argv += ["--api-key", api_key]
     argv += extra_args
+    return _spawn(directory, argv, host, port, env, api_key)
+
+
+def _spawn(
+    directory: Path,
+    argv: list[str],
+    host: str,
+    port: int,
+    env: dict[str, str] | None,
+    api_key: str | None = None,
+) -> OmniServer:
+    """Run ``argv`` with its output in ``directory/server-PORT.log``."""
     log_path = directory / f"server-{port}.log"
     proc = subprocess.Popen(
         argv,
@@ -320,14 +332,7 @@ def start_command(
     argv = [*command, *args, "--host", "127.0.0.1", "--port", str(port)]
     if job_store:
         argv += ["--job-store", str(directory / f"jobs-{port}.sqlite3")]
-    log_path = directory / f"server-{port}.log"
-    proc = subprocess.Popen(
-        argv,
-        env={**os.environ, **(env or {})},
-        stdout=log_path.open("wb"),
-        stderr=subprocess.STDOUT,
-    )
-    return OmniServer(proc, f"http://127.0.0.1:{port}", log_path)
+    return _spawn(directory, argv, "127.0.0.1", port, env)
 
 
 def console_script(name: str) -> str:
