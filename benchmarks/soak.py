@@ -126,6 +126,12 @@ VIDEO_FAULT = {"stage": 5, "marker": "@vboom", "action": "raise"}
 MiB = 1024 * 1024
 
 CHAT = "/v1/chat/completions"
+# What a client cuts after its first text, still running then: its audio
+# comes from a talker that hangs. (A long text alone is not enough: on
+# loopback the whole of it fits in the socket buffers before the cut lands,
+# and the tiny model's 128 tokens are done even sooner.)
+CUT_PROMPT = "hello @talkhang"
+CUT_FIELDS: dict[str, Any] = {"max_tokens": 8, "modalities": ["text", "audio"]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,18 +192,6 @@ class Profile:
         ``vllm`` thinker in process (a drill aimed at a stage moves it out of
         the orchestrator's process), where the guardrail before it fails."""
         return 0 if self.real and self.placement == "in_process" else 1
-
-    def long_reply(self) -> dict[str, Any]:
-        """A chat (or realtime response) still running when the client cuts it
-        after its first text: its audio comes from a talker that hangs. (A
-        long text alone is not enough: on loopback the whole of it fits in
-        the socket buffers before the cut lands, and the tiny model's 128
-        tokens are done even sooner.)"""
-        return {
-            "prompt": "hello @talkhang",
-            "max_tokens": 8,
-            "modalities": ["text", "audio"],
-        }
 
     @property
     def wall_limit_s(self) -> float:
@@ -431,9 +425,9 @@ def _stream(body: dict[str, Any], spec: Spec | None = None) -> Action:
 
 
 async def _cut_stream(ctx: Ctx, rec: Record) -> str:
-    """Open a long stream, read one chunk, hang up (closes the connection)."""
-    long = dict(ctx.profile.long_reply())
-    body = _chat(long.pop("prompt"), stream=True, **long)
+    """Open a stream still running after its first chunk, read that chunk,
+    hang up (closes the connection)."""
+    body = _chat(CUT_PROMPT, stream=True, **CUT_FIELDS)
     async with ctx.http.stream("POST", CHAT, json=body) as response:
         if response.status_code != 200:
             await response.aread()
@@ -666,8 +660,7 @@ async def _ws_cut_session(ctx: Ctx, rec: Record) -> str:
     async with websockets.connect(ctx.ws_url, open_timeout=10, close_timeout=5) as ws:
         if (await _ws_recv(ws)).get("type") != "session.created":
             rec.problems.append("ws: no session.created")
-        long = dict(ctx.profile.long_reply())
-        create = {"instructions": long.pop("prompt"), **long}
+        create = {"instructions": CUT_PROMPT, **CUT_FIELDS}
         await _ws_send(ws, rec, {"type": "response.create", "response": create})
         while (kind := (await _ws_recv(ws)).get("type")) == "response.created":
             pass
