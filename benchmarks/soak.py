@@ -95,6 +95,7 @@ from tests.e2e.omni_server import (
     write_pipeline,
 )
 
+MiB = 1024 * 1024
 CONCURRENCY = 32
 WARMUP_REQUESTS = 200
 # Requests the whole mix makes at least (scaled with ``--scale``).
@@ -110,6 +111,14 @@ RAY_READY_TIMEOUT_S = 300.0
 SETTLE_TIMEOUT_S = 10.0
 RSS_SETTLE_S = 2.0
 RSS_LIMIT_MIB = 50.0
+# --minutes: a sample every SAMPLE_S; over a long run's second half no process
+# may grow by more than RSS_HALF_LIMIT_MIB, nor the open files and threads of
+# all of them together by more than a few.
+SAMPLE_S = 60.0
+LOG_BLOCK = 8 * MiB
+RSS_HALF_LIMIT_MIB = 25.0
+FDS_LIMIT = 8
+THREADS_LIMIT = 4
 JOB_DEADLINE_S = 60.0
 # The burst phase: the server admits QUEUE_LIMIT requests; BURST arrive at once.
 QUEUE_LIMIT = 64
@@ -123,7 +132,6 @@ CANCEL_FAULT = {
 }
 REQUEST_TIMEOUT_S = 30.0
 VIDEO_FAULT = {"stage": 5, "marker": "@vboom", "action": "raise"}
-MiB = 1024 * 1024
 
 CHAT = "/v1/chat/completions"
 # What a client cuts after its first text, still running then: its audio
@@ -166,6 +174,9 @@ class Record:
     # 503s refused at admission (logged at INFO, not ERROR).
     refusals: int = 0
     problems: list[str] = field(default_factory=list)
+    # When the operation ended (monotonic) and how long it took.
+    ended: float = 0.0
+    seconds: float = 0.0
 
     @property
     def requests(self) -> int:
@@ -874,11 +885,14 @@ def plan(kinds: tuple[Kind, ...], scale: float, seed: int) -> list[Kind]:
 
 async def _one(ctx: Ctx, kind: Kind) -> Record:
     rec = Record(kind.name, kind.expected)
+    began = time.monotonic()
     try:
         rec.observed = await kind.action(ctx, rec)
     except Exception as exc:
         rec.observed = f"client {type(exc).__name__}"
         rec.problems.append(f"client: {type(exc).__name__}: {exc}"[:200])
+    rec.ended = time.monotonic()
+    rec.seconds = rec.ended - began
     return rec
 
 
@@ -1155,6 +1169,65 @@ async def _burst(server: OmniServer, report: Report) -> list[Record]:
 # -- the soak ----------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """The server's processes at one moment of the run (``--minutes``)."""
+
+    at_s: float
+    # pid → (name, RSS bytes), the API server first
+    rss: dict[int, tuple[str, int]]
+    fds: int
+    threads: int
+    job_store: int
+    requests: int
+    p99_s: float | None
+
+
+@dataclass(slots=True)
+class Tally:
+    """What the operations came to, summed as they end: a long run keeps no
+    record per request, only these sums (and its first few failures)."""
+
+    planned: Counter[str] = field(default_factory=Counter)
+    matched: Counter[str] = field(default_factory=Counter)
+    outcomes: Counter[str] = field(default_factory=Counter)
+    unplanned: int = 0
+    errors: int = 0
+    canonical: int = 0
+    protocol: int = 0
+    requests: int = 0
+    expected: Counter[str] = field(default_factory=lambda: client_counts([]))
+    log: Counter[str] = field(default_factory=Counter)
+    failures: list[str] = field(default_factory=list)
+    # (ended, seconds) of every planned operation, for p99 by minute
+    latencies: list[tuple[float, float]] = field(default_factory=list)
+
+    def add(self, records: list[Record], *, planned: bool = True) -> None:
+        self.requests += sum(r.requests for r in records)
+        self.errors += sum(r.errors.total() for r in records)
+        self.canonical += sum(r.canonical for r in records)
+        self.protocol += sum(
+            not p.startswith(("body ", "client:")) for r in records for p in r.problems
+        )
+        self.expected.update(client_counts(records))
+        self.log.update(expected_log(records))
+        for rec in records:
+            if (rec.problems or rec.observed != rec.expected) and len(
+                self.failures
+            ) < 10:
+                self.failures.append(
+                    f"{rec.kind}: observed {rec.observed!r}; {rec.problems[:3]}"
+                )
+        if not planned:
+            return
+        for rec in records:
+            self.planned[rec.kind] += 1
+            self.matched[rec.kind] += rec.observed == rec.expected
+            self.outcomes[rec.observed] += 1
+            self.unplanned += rec.observed.startswith("client ")
+            self.latencies.append((rec.ended, rec.seconds))
+
+
 @dataclass(slots=True)
 class Report:
     rows: list[tuple[str, object, object, bool]] = field(default_factory=list)
@@ -1177,6 +1250,9 @@ class Report:
     burst_ok: int = 0
     burst_refused: int = 0
     burst_p99_refusal_s: float = 0.0
+    # --minutes: the mix repeated for that long, sampled every SAMPLE_S.
+    rounds: int = 0
+    samples: list[Sample] = field(default_factory=list)
 
     @property
     def rate(self) -> float:
@@ -1193,17 +1269,62 @@ class Report:
         self.check(name, expected, observed, expected == observed)
 
 
+def _processes(pid: int) -> list[psutil.Process]:
+    """The API server and every process under it (stages, engines, Ray)."""
+    process = psutil.Process(pid)
+    return [process, *process.children(recursive=True)]
+
+
 def _rss(pid: int) -> tuple[int, dict[int, tuple[str, int]]]:
     """RSS of the API server process, and of each of its stage processes."""
-    process = psutil.Process(pid)
-    children: dict[int, tuple[str, int]] = {}
-    for child in process.children(recursive=True):
+    server, *children = _processes(pid)
+    rss: dict[int, tuple[str, int]] = {}
+    for child in children:
         try:
-            name = f"{child.name()}[{child.pid}]"
-            children[child.pid] = (name, int(child.memory_info().rss))
+            rss[child.pid] = (f"{child.name()}[{child.pid}]", child.memory_info().rss)
         except psutil.NoSuchProcess:
             pass
-    return int(process.memory_info().rss), children
+    return int(server.memory_info().rss), rss
+
+
+def _p99(seconds: list[float]) -> float | None:
+    if not seconds:
+        return None
+    ordered = sorted(seconds)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
+def _sample(
+    pid: int, job_store: Path, began: float, tally: Tally, since: float
+) -> Sample:
+    """Every server process's RSS, fds and threads, the job store's size on
+    disk (with its WAL) and the p99 of the operations that ended since."""
+    rss: dict[int, tuple[str, int]] = {}
+    fds = threads = 0
+    for index, process in enumerate(_processes(pid)):
+        try:
+            with process.oneshot():
+                name = "API server" if index == 0 else process.name()
+                rss[process.pid] = (f"{name}[{process.pid}]", process.memory_info().rss)
+                fds += process.num_fds()
+                threads += process.num_threads()
+        except psutil.NoSuchProcess:
+            pass
+    store = sum(
+        path.stat().st_size
+        for path in job_store.parent.glob(job_store.name + "*")
+        if path.is_file()
+    )
+    recent = [s for ended, s in tally.latencies if ended > since]
+    return Sample(
+        at_s=time.monotonic() - began,
+        rss=rss,
+        fds=fds,
+        threads=threads,
+        job_store=store,
+        requests=len(recent),
+        p99_s=_p99(recent),
+    )
 
 
 def _growth(report: Report) -> str:
@@ -1219,8 +1340,60 @@ def _growth(report: Report) -> str:
     return "; ".join(f"{name}: {delta / MiB:+.1f} MiB" for delta, name in grown[:3])
 
 
+def _flat(report: Report) -> None:
+    """A long run's second half: no process's memory, and no open file or
+    thread count, keeps growing once the load has run for a while."""
+    half = report.samples[-1].at_s / 2
+    middle = min(report.samples, key=lambda s: abs(s.at_s - half))
+    last = report.samples[-1]
+    changes = [
+        (name, rss - middle.rss[pid][1])
+        for pid, (name, rss) in last.rss.items()
+        if pid in middle.rss
+    ]
+    name, worst = max(changes, key=lambda change: abs(change[1]))
+    report.check(
+        "largest RSS change of one process over the second half (MiB)",
+        f"within ±{RSS_HALF_LIMIT_MIB:g}",
+        f"{worst / MiB:+.1f} ({name})",
+        abs(worst) <= RSS_HALF_LIMIT_MIB * MiB,
+    )
+    report.check(
+        "open file descriptors, change over the second half",
+        f"within ±{FDS_LIMIT}",
+        last.fds - middle.fds,
+        abs(last.fds - middle.fds) <= FDS_LIMIT,
+    )
+    report.check(
+        "threads, change over the second half",
+        f"within ±{THREADS_LIMIT}",
+        last.threads - middle.threads,
+        abs(last.threads - middle.threads) <= THREADS_LIMIT,
+    )
+
+
+async def _sampler(
+    server: OmniServer, report: Report, tally: Tally, began: float
+) -> None:
+    """A sample every SAMPLE_S until cancelled."""
+    job_store = server.log_path.parent / "jobs.sqlite3"
+    since = time.monotonic()
+    while True:
+        await asyncio.sleep(SAMPLE_S)
+        sample = await asyncio.to_thread(
+            _sample, server.proc.pid, job_store, began, tally, since
+        )
+        since = time.monotonic()
+        report.samples.append(sample)
+
+
 async def _soak(
-    server: OmniServer, report: Report, scale: float, seed: int, profile: Profile
+    server: OmniServer,
+    report: Report,
+    scale: float,
+    seed: int,
+    profile: Profile,
+    minutes: float = 0.0,
 ) -> None:
     limits = httpx.Limits(
         max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY
@@ -1235,7 +1408,6 @@ async def _soak(
         # Not scaled: the memory baseline is taken after it (an engine's
         # allocator reaches its plateau after a few hundred requests).
         warm_ops = plan(kinds, WARMUP_REQUESTS / total, seed + 1)
-        run_ops = plan(kinds, scale, seed)
         load_schemas((await http.get("/openapi.json")).json())
 
         start = await server_counts(http)
@@ -1252,45 +1424,61 @@ async def _soak(
         report.rss_warm, report.children_warm = _rss(server.proc.pid)
         report.stages_rss_warm = sum(r for _, r in report.children_warm.values())
 
+        # One round of the mix, or rounds (each shuffled anew) for ``minutes``.
+        tally = Tally()
+        tally.log.update(expected_log(warm))
         began = time.monotonic()
-        records = await drive(ctx, run_ops)
+        job_store = server.log_path.parent / "jobs.sqlite3"
+        sampler = None
+        if minutes:
+            report.samples.append(
+                _sample(server.proc.pid, job_store, began, tally, began)
+            )
+            sampler = asyncio.create_task(_sampler(server, report, tally, began))
+        while True:
+            tally.add(await drive(ctx, plan(kinds, scale, seed + report.rounds)))
+            report.rounds += 1
+            if time.monotonic() - began >= minutes * 60:
+                break
         report.duration_s = time.monotonic() - began
+        if sampler is not None:
+            # The last sample ends the mix: the burst after it allocates the
+            # image stage's largest buffers, which a leak check must not read.
+            sampler.cancel()
+            since = began + report.samples[-1].at_s
+            report.samples.append(
+                _sample(server.proc.pid, job_store, began, tally, since)
+            )
         burst = await _burst(server, report)
+        tally.add(burst, planned=False)
         listing = Record("list jobs", "listed")
         listed = await list_jobs(ctx, listing)
         listing.observed = "listed"
-        records.append(listing)
-        after = await settle(http, before, client_counts(records))
+        tally.add([listing], planned=False)
+        after = await settle(http, before, tally.expected)
         await asyncio.sleep(RSS_SETTLE_S)
         report.rss_after, report.children_after = _rss(server.proc.pid)
         report.stages_rss_after = sum(r for _, r in report.children_after.values())
         report.notes.append(f"stage processes that grew most: {_growth(report)}")
         healthy = (await http.get("/health")).status_code
 
-    records += burst
-    planned = [r for r in records if r is not listing and r not in burst]
-    report.requests = sum(r.requests for r in records)
-    report.outcomes = Counter(r.observed for r in planned)
-    report.log_expected = expected_log(warm + records)
+    report.requests = tally.requests
+    report.outcomes = tally.outcomes
+    report.log_expected = tally.log
     for kind in kinds:
-        mine = [r for r in planned if r.kind == kind.name]
-        seen = sum(r.observed == kind.expected for r in mine)
-        report.equal(f"{kind.name}: {kind.expected}", len(mine), seen)
-    unplanned = sum(r.observed.startswith("client ") for r in planned)
-    report.equal("client exceptions or timeouts", 0, unplanned)
-    errors = sum(r.errors.total() for r in records)
-    canonical = sum(r.canonical for r in records)
-    report.equal("errors seen with the canonical body", errors, canonical)
-    protocol = sum(
-        not p.startswith(("body ", "client:")) for r in records for p in r.problems
-    )
-    report.equal("protocol problems (stray lines, events, ids)", 0, protocol)
-    expected = client_counts(records)
+        report.equal(
+            f"{kind.name}: {kind.expected}",
+            tally.planned[kind.name],
+            tally.matched[kind.name],
+        )
+    report.equal("client exceptions or timeouts", 0, tally.unplanned)
+    report.equal("errors seen with the canonical body", tally.errors, tally.canonical)
+    report.equal("protocol problems (stray lines, events, ids)", 0, tally.protocol)
     grown = _delta(after, before)
     keys = [_http_key(g) for g in GROUPS] + [_errors_key(t) for t in TRANSPORTS]
     keys += [_aborts_key(r) for r in ABORT_REASONS]
     for key in [*keys, REJECTIONS_KEY]:
-        report.equal(f"{key} growth", expected[key], grown[key])
+        report.equal(f"{key} growth", tally.expected[key], grown[key])
     created = ctx.job_ids
     finished = sum(listed.get(j) in ("completed", "failed") for j in created)
     report.equal("video jobs listed and completed/failed", len(created), finished)
@@ -1314,13 +1502,12 @@ async def _soak(
         f"{worst / MiB:+.1f} ({worst_name})",
         abs(worst) <= RSS_LIMIT_MIB * MiB,
     )
+    if len(report.samples) >= 3:
+        _flat(report)
     report.equal("/health after the run", 200, healthy)
     least = round(MIN_REQUESTS * scale)
     report.check("requests", f">= {least}", report.requests, report.requests >= least)
-    for rec in [r for r in records if r.problems or r.observed != r.expected][:10]:
-        report.notes.append(
-            f"{rec.kind}: observed {rec.observed!r}; {rec.problems[:3]}"
-        )
+    report.notes.extend(tally.failures)
 
 
 def _real_thinker(placement: str) -> dict[str, Any]:
@@ -1357,13 +1544,16 @@ def soak(
     *,
     keep: bool = False,
     profile: Profile | None = None,
+    minutes: float = 0.0,
 ) -> Report:
     """Start the server, soak it, stop it; the report says what matched.
 
     ``profile.worker_backend="ray"``: the stages run as Ray actors on a Ray
     instance the server starts on 127.0.0.1 (its processes count as stage
     processes). ``profile.engine="real"`` (in the real-engine environment):
-    the tiny model on vLLM's CPU build is the text stage.
+    the tiny model on vLLM's CPU build is the text stage. ``minutes``: the
+    mix is repeated (each round shuffled anew) until that long has passed,
+    and the server's processes are sampled every ``SAMPLE_S``.
     """
     profile = profile or Profile()
     worker_backend = profile.worker_backend
@@ -1388,20 +1578,22 @@ def soak(
         )
         asyncio.run(
             asyncio.wait_for(
-                _soak(server, report, scale, seed, profile), HARD_TIMEOUT_S
+                _soak(server, report, scale, seed, profile, minutes),
+                HARD_TIMEOUT_S + minutes * 60,
             )
         )
     except TimeoutError:
         report.check(
-            "finished within the hard timeout (s)", HARD_TIMEOUT_S, "timeout", False
+            "finished within the hard timeout (s)",
+            HARD_TIMEOUT_S + minutes * 60,
+            "timeout",
+            False,
         )
     finally:
         server.stop()
         report.total_s = time.monotonic() - began
     # Read after the stop: uvicorn's access log is block-buffered until exit.
-    with server.log_path.open("rb") as log:
-        log.seek(report.log_offset)
-        logged = log_counts(log.read().decode(errors="replace"))
+    logged = _logged(server.log_path, report.log_offset)
     for name in (
         LOG_5XX,
         LOG_4XX,
@@ -1412,7 +1604,7 @@ def soak(
     ):
         report.equal(f"server log: {name}", report.log_expected[name], logged[name])
     report.equal("server exit code after SIGTERM", 0, server.proc.returncode)
-    wall = profile.wall_limit_s
+    wall = profile.wall_limit_s + minutes * 60
     report.check(
         "total wall time incl. server start (s)",
         f"< {wall}",
@@ -1424,6 +1616,22 @@ def soak(
     else:
         report.notes.append(f"server log kept: {server.log_path}")
     return report
+
+
+def _logged(path: Path, offset: int) -> Counter[str]:
+    """``log_counts`` of the log from ``offset`` on, a block of whole lines at
+    a time (a long run's log is hundreds of megabytes)."""
+    counts: Counter[str] = Counter({LOG_OTHER: 0})
+    with path.open("rb") as log:
+        log.seek(offset)
+        rest = b""
+        while block := log.read(LOG_BLOCK):
+            block = rest + block
+            cut = block.rfind(b"\n") + 1
+            rest = block[cut:]
+            counts.update(log_counts(block[:cut].decode(errors="replace")))
+        counts.update(log_counts(rest.decode(errors="replace")))
+    return counts
 
 
 def table(report: Report) -> str:
@@ -1439,6 +1647,7 @@ def summary(report: Report) -> str:
     outcomes = ", ".join(f"{o}: {n}" for o, n in sorted(report.outcomes.items()))
     return (
         f"requests {report.requests} in {report.duration_s:.1f} s "
+        f"({report.rounds} round{'s' if report.rounds != 1 else ''} of the mix) "
         f"({report.rate:.0f} req/s, concurrency {CONCURRENCY}); "
         f"total wall time {report.total_s:.1f} s\n"
         f"API server RSS after warm-up {report.rss_warm / MiB:.1f} MiB, "
@@ -1451,6 +1660,33 @@ def summary(report: Report) -> str:
         f"{report.burst_s:.1f} s; p99 time to a 503 "
         f"{report.burst_p99_refusal_s * 1000:.0f} ms"
     )
+
+
+def by_minute(report: Report) -> str:
+    """The samples of a long run, one row per minute."""
+    lines = [
+        "| minute | API server RSS (MiB) | stage processes RSS (MiB) | largest "
+        "change since minute 0 (MiB) | open fds | threads | job store (MiB) | "
+        "requests | p99 (ms) |",
+        "| ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    first = report.samples[0]
+    for sample in report.samples:
+        server, *stages = sample.rss.values()
+        changes = [
+            (rss - first.rss[pid][1], name)
+            for pid, (name, rss) in sample.rss.items()
+            if pid in first.rss
+        ]
+        delta, name = max(changes, key=lambda change: abs(change[0]))
+        p99 = "" if sample.p99_s is None else f"{sample.p99_s * 1000:.0f}"
+        lines.append(
+            f"| {sample.at_s / 60:.1f} | {server[1] / MiB:.1f} | "
+            f"{sum(rss for _, rss in stages) / MiB:.1f} | "
+            f"{delta / MiB:+.1f} {name} | {sample.fds} | {sample.threads} | "
+            f"{sample.job_store / MiB:.2f} | {sample.requests} | {p99} |"
+        )
+    return "\n".join(lines)
 
 
 def run(quick: bool = False) -> list[dict[str, object]]:
@@ -1495,13 +1731,25 @@ def main() -> int:
         help="with --engine real: the vllm stage in the orchestrator's "
         "process or in a stage process",
     )
+    parser.add_argument(
+        "--minutes",
+        type=float,
+        default=0.0,
+        help="repeat the mix until this many minutes have passed, sampling "
+        f"every process's RSS, open files and threads every {SAMPLE_S:g} s",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the server log")
     args = parser.parse_args()
     profile = Profile(args.engine, args.placement, args.worker_backend)
-    report = soak(args.scale, args.seed, keep=args.keep, profile=profile)
+    report = soak(
+        args.scale, args.seed, keep=args.keep, profile=profile, minutes=args.minutes
+    )
     print(table(report))
     print()
     print(summary(report))
+    if report.samples:
+        print()
+        print(by_minute(report))
     for note in report.notes:
         print("  " + note)
     return 0 if report.ok else 1

@@ -1,0 +1,84 @@
+"""The soak's own arithmetic (benchmarks/soak.py), which CI's soak runs only
+take on trust: a long run's log read a block at a time counts what the whole
+log counts, and the second-half checks of ``--minutes`` fail on growth."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks import soak
+
+_LINES = [
+    "2026-12-04 09:00:00,001 INFO vllm_omni.errors: request r1 rejected with 400",
+    "2026-12-04 09:00:00,002 ERROR vllm_omni.errors: request r2 failed with 500",
+    # A record Ray's forwarded output pushed mid-line.
+    "(StageActor pid=7) chunk2026-12-04 09:00:00,003 WARNING vllm_omni.engine: odd",
+    "2026-12-04 09:00:00,004 INFO vllm_omni.errors: request r3 rejected with 404",
+]
+
+
+def test_log_read_in_blocks_counts_what_the_whole_log_counts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = "\n".join(_LINES * 50) + "\n"
+    path = tmp_path / "server.log"
+    path.write_text("start-up noise\n" + text)
+    whole = soak.log_counts(text)
+    assert whole[soak.LOG_4XX] == 100 and whole[soak.LOG_OTHER] == 50
+    # Blocks that end mid-line, mid-record and mid-timestamp.
+    monkeypatch.setattr(soak, "LOG_BLOCK", 37)
+    assert soak._logged(path, len("start-up noise\n")) == whole
+
+
+def _sample(at_s: float, rss_mib: dict[int, float], fds: int, threads: int):
+    return soak.Sample(
+        at_s=at_s,
+        rss={pid: (f"p[{pid}]", int(mib * soak.MiB)) for pid, mib in rss_mib.items()},
+        fds=fds,
+        threads=threads,
+        job_store=0,
+        requests=0,
+        p99_s=None,
+    )
+
+
+def _flat_rows(samples: list[soak.Sample]) -> dict[str, bool]:
+    report = soak.Report(samples=samples)
+    soak._flat(report)
+    return {name: ok for name, _, _, ok in report.rows}
+
+
+def test_second_half_checks_pass_a_plateau() -> None:
+    """Growth in the first half (caches filling) is not a leak."""
+    rows = _flat_rows(
+        [
+            _sample(0, {1: 900, 2: 400}, 100, 30),
+            _sample(60, {1: 960, 2: 440}, 140, 34),
+            _sample(120, {1: 965, 2: 441}, 141, 34),
+            _sample(180, {1: 966, 2: 442}, 139, 35),
+        ]
+    )
+    assert rows and all(rows.values())
+
+
+@pytest.mark.parametrize(
+    ("last", "failing"),
+    [
+        (_sample(180, {1: 900, 2: 470}, 140, 34), "RSS"),
+        (_sample(180, {1: 900, 2: 400}, 160, 34), "open file descriptors"),
+        (_sample(180, {1: 900, 2: 400}, 140, 40), "threads"),
+    ],
+)
+def test_second_half_checks_fail_on_growth(last: soak.Sample, failing: str) -> None:
+    rows = _flat_rows(
+        [
+            _sample(0, {1: 900, 2: 400}, 140, 34),
+            _sample(90, {1: 900, 2: 400}, 140, 34),
+            last,
+        ]
+    )
+    assert [name for name, ok in rows.items() if not ok] == [
+        name for name in rows if failing in name
+    ]
