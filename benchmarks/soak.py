@@ -25,9 +25,13 @@ reconciles what the clients saw with what the server says (docs/design.md §4, �
 - ``vllm_omni:errors_total`` grew per transport by exactly the errors the
   clients saw rendered there (a client-cut stream is not an error);
 - no video job is lost: each is listed and ended completed or failed;
-- the RSS of every process of the server (the API server, each stage
-  process, an engine's own) after the run is within 50 MiB of its RSS
-  after warm-up;
+- the RSS of each of the server's own processes (the API server, each
+  stage process) at the end of the mix is within 50 MiB of its RSS after
+  warm-up, and each of vLLM's engine processes (its EngineCore and worker,
+  which grow to a plateau of about 60 MiB) within 100 MiB; with
+  ``--minutes``, every process (the engine's too) is sampled each minute and
+  may not grow by more than 25 MiB over the second half of the run, nor the
+  open files and threads of all of them by more than a few;
 - the server log holds what docs/errors/http.md promises and nothing else
   alarming: one ERROR line per 5xx, one INFO line per 4xx, one WARNING per
   missed stage deadline, no other warning or error;
@@ -55,7 +59,8 @@ Three phases target the edges (docs/design.md §9):
 "Requests" are HTTP requests (job polls and listing included) plus client
 events sent on WebSockets. ``python benchmarks/soak.py`` prints one row per
 check and exits non-zero on any mismatch (``--keep`` keeps the server log,
-``--scale 0.1`` runs a tenth of the mix); ``run()`` returns the throughput
+``--scale 0.1`` runs a tenth of the mix, ``--minutes 30`` repeats it for half
+an hour and prints the samples by minute); ``run()`` returns the throughput
 row for ``python -m benchmarks``.
 """
 
@@ -111,6 +116,14 @@ RAY_READY_TIMEOUT_S = 300.0
 SETTLE_TIMEOUT_S = 10.0
 RSS_SETTLE_S = 2.0
 RSS_LIMIT_MIB = 50.0
+# vLLM's CPU worker grows to a plateau of 55-66 MiB over its first ~5,000
+# requests of the mix (the same at 1,000, 5,000 and 14,600 requests; flat
+# from minute 4 of a 5-minute run: docs/performance.md), more than any
+# warm-up CI can afford; a leak keeps growing past this bound, and every
+# process, the engine's included, is held to RSS_HALF_LIMIT_MIB over the
+# second half of a --minutes run.
+ENGINE_RSS_LIMIT_MIB = 100.0
+ENGINE_PROCESSES = ("VLLM::", "EngineCore")
 # --minutes: a sample every SAMPLE_S; over a long run's second half no process
 # may grow by more than RSS_HALF_LIMIT_MIB, nor the open files and threads of
 # all of them together by more than a few.
@@ -1340,6 +1353,47 @@ def _growth(report: Report) -> str:
     return "; ".join(f"{name}: {delta / MiB:+.1f} MiB" for delta, name in grown[:3])
 
 
+def _engine(name: str) -> bool:
+    """A process of vLLM's engine (its EngineCore and workers), not ours."""
+    return name.startswith(ENGINE_PROCESSES)
+
+
+def _memory(report: Report) -> None:
+    """Per process: a leak is one process's, and the sum grows with their
+    number (a vllm stage adds its EngineCore and worker). Ours are held to
+    RSS_LIMIT_MIB; vLLM's own engine processes to ENGINE_RSS_LIMIT_MIB."""
+    changes = [
+        (name, rss - report.children_warm[pid][1])
+        for pid, (name, rss) in report.children_after.items()
+        if pid in report.children_warm
+    ]
+    ours = [("API server", report.rss_after - report.rss_warm)] + [
+        (f"stage process {name}", delta) for name, delta in changes if not _engine(name)
+    ]
+    name, worst = max(ours, key=lambda change: abs(change[1]))
+    report.check(
+        "API server RSS change since warm-up (MiB)",
+        f"within ±{RSS_LIMIT_MIB:g}",
+        f"{ours[0][1] / MiB:+.1f}",
+        abs(ours[0][1]) <= RSS_LIMIT_MIB * MiB,
+    )
+    report.check(
+        "largest RSS change of one of our processes since warm-up (MiB)",
+        f"within ±{RSS_LIMIT_MIB:g}",
+        f"{worst / MiB:+.1f} ({name})",
+        abs(worst) <= RSS_LIMIT_MIB * MiB,
+    )
+    engines = [(name, delta) for name, delta in changes if _engine(name)]
+    if engines:
+        name, worst = max(engines, key=lambda change: abs(change[1]))
+        report.check(
+            "largest RSS change of a vLLM engine process since warm-up (MiB)",
+            f"within ±{ENGINE_RSS_LIMIT_MIB:g}",
+            f"{worst / MiB:+.1f} ({name})",
+            abs(worst) <= ENGINE_RSS_LIMIT_MIB * MiB,
+        )
+
+
 def _flat(report: Report) -> None:
     """A long run's second half: no process's memory, and no open file or
     thread count, keeps growing once the load has run for a while."""
@@ -1442,9 +1496,16 @@ async def _soak(
                 break
         report.duration_s = time.monotonic() - began
         if sampler is not None:
-            # The last sample ends the mix: the burst after it allocates the
-            # image stage's largest buffers, which a leak check must not read.
             sampler.cancel()
+        # Memory is judged at the end of the mix: the burst after it makes
+        # the image stage allocate its largest buffers once (two 1024x1024
+        # requests of ten images), which the allocator keeps; that is no leak.
+        await settle(http, before, tally.expected)
+        await asyncio.sleep(RSS_SETTLE_S)
+        report.rss_after, report.children_after = _rss(server.proc.pid)
+        report.stages_rss_after = sum(r for _, r in report.children_after.values())
+        report.notes.append(f"stage processes that grew most: {_growth(report)}")
+        if minutes:
             since = began + report.samples[-1].at_s
             report.samples.append(
                 _sample(server.proc.pid, job_store, began, tally, since)
@@ -1456,10 +1517,11 @@ async def _soak(
         listing.observed = "listed"
         tally.add([listing], planned=False)
         after = await settle(http, before, tally.expected)
-        await asyncio.sleep(RSS_SETTLE_S)
-        report.rss_after, report.children_after = _rss(server.proc.pid)
-        report.stages_rss_after = sum(r for _, r in report.children_after.values())
-        report.notes.append(f"stage processes that grew most: {_growth(report)}")
+        rss_burst, children_burst = _rss(server.proc.pid)
+        report.notes.append(
+            f"after the burst: API server {rss_burst / MiB:.1f} MiB, stage "
+            f"processes {sum(r for _, r in children_burst.values()) / MiB:.1f} MiB"
+        )
         healthy = (await http.get("/health")).status_code
 
     report.requests = tally.requests
@@ -1482,26 +1544,7 @@ async def _soak(
     created = ctx.job_ids
     finished = sum(listed.get(j) in ("completed", "failed") for j in created)
     report.equal("video jobs listed and completed/failed", len(created), finished)
-    # Per process: a leak is one process's, and the sum grows with their
-    # number (a vllm stage adds its EngineCore).
-    changes = [("API server", report.rss_after - report.rss_warm)] + [
-        (f"stage process {name}", rss - report.children_warm[pid][1])
-        for pid, (name, rss) in report.children_after.items()
-        if pid in report.children_warm
-    ]
-    worst_name, worst = max(changes, key=lambda change: abs(change[1]))
-    report.check(
-        "API server RSS change since warm-up (MiB)",
-        f"within ±{RSS_LIMIT_MIB:g}",
-        f"{changes[0][1] / MiB:+.1f}",
-        abs(changes[0][1]) <= RSS_LIMIT_MIB * MiB,
-    )
-    report.check(
-        "largest RSS change of one process since warm-up (MiB)",
-        f"within ±{RSS_LIMIT_MIB:g}",
-        f"{worst / MiB:+.1f} ({worst_name})",
-        abs(worst) <= RSS_LIMIT_MIB * MiB,
-    )
+    _memory(report)
     if len(report.samples) >= 3:
         _flat(report)
     report.equal("/health after the run", 200, healthy)

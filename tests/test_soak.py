@@ -82,3 +82,33 @@ def test_second_half_checks_fail_on_growth(last: soak.Sample, failing: str) -> N
     assert [name for name, ok in rows.items() if not ok] == [
         name for name in rows if failing in name
     ]
+
+
+def _memory_rows(children: dict[str, float]) -> dict[str, bool]:
+    """``_memory`` over processes that grew by ``children`` MiB since warm-up."""
+    names = dict(enumerate(children, start=10))
+    report = soak.Report(
+        rss_warm=500 * soak.MiB,
+        rss_after=510 * soak.MiB,
+        children_warm={pid: (name, 100 * soak.MiB) for pid, name in names.items()},
+        children_after={
+            pid: (name, int((100 + children[name]) * soak.MiB))
+            for pid, name in names.items()
+        },
+    )
+    soak._memory(report)
+    return {name: ok for name, _, _, ok in report.rows}
+
+
+def test_engine_processes_have_their_own_bound() -> None:
+    """vLLM's worker plateaus above our processes' bound; ours may not."""
+    rows = _memory_rows({"python[10]": 10, "VLLM::Worker[11]": 60})
+    assert all(rows.values()) and any("vLLM engine" in name for name in rows)
+    rows = _memory_rows({"python[10]": 60, "VLLM::Worker[11]": 10})
+    assert [n for n, ok in rows.items() if not ok] == [
+        "largest RSS change of one of our processes since warm-up (MiB)"
+    ]
+    rows = _memory_rows({"python[10]": 10, "VLLM::EngineCore[11]": 150})
+    assert [n for n, ok in rows.items() if not ok] == [
+        "largest RSS change of a vLLM engine process since warm-up (MiB)"
+    ]
