@@ -144,6 +144,7 @@ CANCEL_FAULT = {
     "exception": "asyncio.exceptions:CancelledError",
 }
 REQUEST_TIMEOUT_S = 30.0
+KEEPALIVE_EXPIRY_S = 2.0
 VIDEO_FAULT = {"stage": 5, "marker": "@vboom", "action": "raise"}
 
 CHAT = "/v1/chat/completions"
@@ -1449,8 +1450,15 @@ async def _soak(
     profile: Profile,
     minutes: float = 0.0,
 ) -> None:
+    # A pooled connection idle as long as the server's keep-alive (5 s, as
+    # in ``vllm serve``) may be closed by the server just as the client
+    # reuses it (HTTP/1.1's keep-alive race: a ReadError no server can
+    # prevent; the likely cause of two in 14,595 requests on a loaded
+    # machine). A client that does not retry drops idle connections first.
     limits = httpx.Limits(
-        max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY
+        max_connections=CONCURRENCY,
+        max_keepalive_connections=CONCURRENCY,
+        keepalive_expiry=KEEPALIVE_EXPIRY_S,
     )
     async with httpx.AsyncClient(
         base_url=server.base_url, limits=limits, timeout=REQUEST_TIMEOUT_S

@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 import uvicorn
+import vllm.envs as vllm_envs
 from fastapi import Depends, FastAPI
 from prometheus_fastapi_instrumentator import Instrumentator
 from starlette.middleware.cors import CORSMiddleware
@@ -171,12 +172,15 @@ def _api_keys(value: str | Sequence[str] | None) -> tuple[bytes, ...]:
 
 def _uvicorn_options(args: argparse.Namespace) -> dict[str, Any]:
     """The frontend arguments of ``vllm serve`` that are uvicorn settings
-    (absent from a namespace that did not come from vLLM's parser)."""
+    (absent from a namespace that did not come from vLLM's parser), and the
+    idle keep-alive ``vllm serve`` takes from ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``
+    (an operator behind a load balancer raises it above the balancer's)."""
     options: dict[str, Any] = {
         name: getattr(args, name)
         for name in _UVICORN_SETTINGS
         if getattr(args, name, None) is not None
     }
+    options["timeout_keep_alive"] = vllm_envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE
     if getattr(args, "root_path", None):
         options["root_path"] = args.root_path
     if getattr(args, "disable_uvicorn_access_log", False):
