@@ -73,6 +73,7 @@ from vllm_omni.engine.stage_metrics import (
 )
 from vllm_omni.engine.stage_worker import (
     StageStats,
+    apply_instruction,
     log_abort,
     log_failure,
     stage_logger,
@@ -282,6 +283,29 @@ class InlineStage:
         except BaseException as exc:  # a stage that cannot serve: its death
             return exc
         return None
+
+    def fault_status(self) -> tuple[dict[str, Any] | None, float | None]:
+        """The engine's fault-tolerance status and recovery window, as a
+        stage process reports them with its heartbeat (``None`` without
+        fault tolerance, or when asking raised: logged)."""
+        if self._closed:
+            return None, None
+        try:
+            status = self._stage.fault_status()
+            if status is None:
+                return None, None
+            return dict(status), self._stage.recovery_window_s()
+        except Exception:
+            logger.exception("stage %d: fault_status failed", self.config.id)
+            return None, None
+
+    async def handle_fault(
+        self, instruction: str, params: dict[str, Any], request_id: str
+    ) -> dict[str, Any]:
+        """A fault-tolerance instruction, applied as a stage process applies it."""
+        return await apply_instruction(
+            self._stage, self.config.id, instruction, params, request_id, self._log
+        )
 
     def stage_families(self) -> Iterable[tuple[int, list[Metric]]]:
         """This stage's engine families (``StageMetricsSource``): no gauges

@@ -533,6 +533,46 @@ class VLLMStage(Stage):
         if engine is not None and getattr(engine, "errored", False):
             raise engine.dead_error
 
+    def _parallel_config(self) -> Any:
+        """The engine's ``ParallelConfig`` when it runs vLLM's fault tolerance
+        (0.34's ``enable_fault_tolerance``), else ``None``."""
+        vllm_config = getattr(self._engine, "vllm_config", None)
+        config = getattr(vllm_config, "parallel_config", None)
+        if not getattr(config, "enable_fault_tolerance", False):
+            return None
+        return config
+
+    def fault_status(self) -> Mapping[str, Any] | None:
+        """The status 0.34's engine client caches for its engine
+        (``engine_core.engine_status``), as its own admission reads it."""
+        if self._parallel_config() is None:
+            return None
+        return dict(self._engine.engine_core.engine_status)
+
+    def recovery_window_s(self) -> float | None:
+        config = self._parallel_config()
+        if config is None:
+            return None
+        return float(config.fault_tolerance_config.engine_recovery_timeout_sec)
+
+    async def handle_fault(
+        self, instruction: str, params: Mapping[str, Any], request_id: str
+    ) -> Mapping[str, Any]:
+        """``AsyncLLM.handle_fault`` with 0.34's ``FaultToleranceRequest``:
+        its client refuses a second recovery while one runs, its engine
+        refuses an instruction unless it is ``unhealthy``."""
+        if self._parallel_config() is None:
+            return await super().handle_fault(instruction, params, request_id)
+        import msgspec
+        from vllm.v1.fault_tolerance.utils import FaultToleranceRequest
+
+        result = await self._engine.handle_fault(
+            FaultToleranceRequest(
+                instruction=instruction, params=dict(params), request_id=request_id
+            )
+        )
+        return msgspec.structs.asdict(result)
+
     async def shutdown(self) -> None:
         if self._engine is not None:
             self._engine.shutdown()

@@ -48,6 +48,7 @@ __all__ = [
     "Background",
     "ChatCompletionRequest",
     "CompletionRequest",
+    "FaultToleranceApplyRequest",
     "ImageGenerationRequest",
     "Int64",
     "JsonTypesFirst",
@@ -215,6 +216,23 @@ class SpeechRequest(BaseModel):
     non_streaming_mode: bool | None = None
     extra_params: dict[str, Any] | None = None
     word_timestamps: bool = False
+
+
+# -- fault tolerance ---------------------------------------------------------------
+
+
+class FaultToleranceApplyRequest(BaseModel):
+    """vLLM 0.34's ``/v1/fault_tolerance/apply`` body (``instruction``,
+    ``params``, the ``request_id`` of the recovery round) and the stage it
+    is for: ``stage_id`` may be left out when exactly one stage's engine runs
+    fault tolerance. Unknown fields are refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    instruction: str = Field(min_length=1)
+    params: dict[str, Any] = {}
+    request_id: str = Field(min_length=1, max_length=128)
+    stage_id: int | None = Field(default=None, ge=0, le=INT64_MAX)
 
 
 # -- images ------------------------------------------------------------------------
