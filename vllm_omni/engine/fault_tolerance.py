@@ -176,7 +176,9 @@ class StageFault:
         self.recovering = None
         self.last_result = result
         if result["success"]:
+            # Its engine reports healthy next; no other recovery before that.
             self.failures = 0
+            self.not_before = now + _BACKOFF_S
             return
         self.failures += 1
         backoff = _BACKOFF_S * 2 ** (self.failures - 1)

@@ -911,8 +911,7 @@ class Orchestrator:
 
     def _check_answering(self, stage: StageConfig, request_id: str | None) -> None:
         """Refuse a request that needs ``stage`` while the stage is silent
-        (503) or its engine faulted (the faulted record, vLLM 0.34's
-        ``EngineFaultedError`` where it is defined)."""
+        (503) or its engine faulted (``_refuse_faulted``)."""
         handle = self._handles[stage.id]
         if handle.silent:
             raise OmniServiceUnavailableError(
@@ -920,22 +919,34 @@ class Orchestrator:
                 stage_id=stage.id,
             )
         if handle.fault.faulted:
-            loop = handle.ready.get_loop()
-            details = OmniErrorDetails(
-                sanitize_message(
-                    f"Stage {stage.id} ({stage.name}) has faulted and cannot "
-                    "accept new requests. Please try again later or on a "
-                    "different instance."
-                ),
-                "server",
-                503,
-                "ServiceUnavailableError",
-                request_id=sanitize_request_id(request_id),
-                stage_id=stage.id,
-                faulted=True,
-                retry_after_s=handle.fault.retry_after_s(loop.time()),
-            )
-            raise to_exception(details)
+            self._refuse_faulted(handle, request_id)
+
+    def _refuse_faulted(self, handle: _StageHandle, request_id: str | None) -> None:
+        """Raise the faulted record of ``handle``'s stage: a retryable 503
+        naming it, ``Retry-After`` the rest of its recovery window (vLLM
+        0.34's ``EngineFaultedError`` where it is defined)."""
+        stage = handle.config
+        details = OmniErrorDetails(
+            sanitize_message(
+                f"Stage {stage.id} ({stage.name}) has faulted and cannot accept "
+                "new requests. Please try again later or on a different instance."
+            ),
+            "server",
+            503,
+            "ServiceUnavailableError",
+            request_id=sanitize_request_id(request_id),
+            stage_id=stage.id,
+            faulted=True,
+            retry_after_s=handle.fault.retry_after_s(handle.ready.get_loop().time()),
+        )
+        raise to_exception(details)
+
+    def check_faulted(self) -> None:
+        """Raise the faulted record of the first stage whose engine is
+        faulted (``/health``); return while none is."""
+        for handle in self._handles.values():
+            if handle.fault.faulted:
+                self._refuse_faulted(handle, None)
 
     # -- fault tolerance -------------------------------------------------------
 

@@ -249,6 +249,9 @@ class StageWorker:
         self._linger_ms = 0
         # Compact error records only once the orchestrator said it reads them.
         self._compact = False
+        # The engine status last sent, and when the last heartbeat left.
+        self._reported: dict[str, Any] | None = None
+        self._beaten = time.monotonic()
         # Stopped because the orchestrator is gone or was silent too long.
         self.orphaned = False
 
@@ -410,6 +413,9 @@ class StageWorker:
             dict(args.get("params") or {}),
             str(args.get("request_id", "")),
         )
+        # The status the instruction left goes ahead of its result: whoever
+        # reads the result has read the engine's new status already.
+        self._beat(self._fault_status())
         self._send(
             m.UtilityResponse(
                 call_id=call.call_id, stage_id=self.stage_id, result=result
@@ -490,23 +496,23 @@ class StageWorker:
         """A heartbeat every ``heartbeat_s``, with the engine's fault-tolerance
         status when it has one; at once when that status changed (looked at
         every ``_STATUS_POLL_S``)."""
-        reported: Any = None
-        last = time.monotonic()
         while True:
             await asyncio.sleep(min(_STATUS_POLL_S, self.spec.heartbeat_s))
             status = self._fault_status()
-            now = time.monotonic()
-            if status == reported and now - last < self.spec.heartbeat_s:
-                continue
-            reported, last = status, now
-            window = self._stage.recovery_window_s() if status and self._stage else None
-            self._send(
-                m.Heartbeat(
-                    stage_id=self.stage_id,
-                    engine_status=status,
-                    recovery_window_s=window,
-                )
+            if status != self._reported or (
+                time.monotonic() - self._beaten >= self.spec.heartbeat_s
+            ):
+                self._beat(status)
+
+    def _beat(self, status: dict[str, Any] | None) -> None:
+        """Send a heartbeat with the engine's status."""
+        self._reported, self._beaten = status, time.monotonic()
+        window = self._stage.recovery_window_s() if status and self._stage else None
+        self._send(
+            m.Heartbeat(
+                stage_id=self.stage_id, engine_status=status, recovery_window_s=window
             )
+        )
 
     def _fault_status(self) -> dict[str, Any] | None:
         """The stage's ``fault_status``; ``None`` when it has none, or when

@@ -381,6 +381,14 @@ class AsyncOmni:
         are refused with a retryable 503 until it recovers."""
         return self._orchestrator.faulted_stages()
 
+    def check_faulted(self) -> None:
+        """Raise the refusal of the first stage whose engine is faulted (the
+        faulted 503 a request for it gets, naming it); return while none is."""
+        try:
+            self._orchestrator.check_faulted()
+        except Exception as exc:
+            raise_for_caller(exc)
+
     def fault_tolerance_status(self) -> list[dict[str, Any]]:
         """Each stage's status (``healthy``, ``silent``, ``diagnosing``,
         ``unhealthy``, ``dead``) and, for a stage whose engine runs fault
