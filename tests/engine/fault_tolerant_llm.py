@@ -23,9 +23,8 @@ and EngineCore sentinel do (``vllm/v1/engine/core_client.py``,
   ``ft_error`` as 0.34's client records them;
 - admission: ``EngineFaultedError`` while the status is not ``healthy``.
 
-On vLLM 0.33 (no ``vllm.v1.fault_tolerance``, no ``EngineFaultedError``),
-importing this module provides 0.34's two wire types under their module
-name and a 503 ``EngineFaultedError`` of its own, for this engine only.
+On vLLM 0.33 (no ``EngineFaultedError``), its admission refuses with a 503
+``EngineFaultedError`` of its own.
 
 Prompt markers: ``@fault`` faults the engine (the request carrying it is
 scheduled, so it is aborted too); ``@hang`` streams one delta, then waits
@@ -37,7 +36,6 @@ takes), ``diagnose_s`` and ``window_s`` (the recovery window).
 from __future__ import annotations
 
 import asyncio
-import sys
 import types
 from collections.abc import AsyncIterator, Mapping
 from http import HTTPStatus
@@ -48,6 +46,7 @@ import vllm.exceptions
 from vllm.exceptions import GracefulHTTPError
 from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.v1.engine.exceptions import EngineDeadError
+from vllm.v1.fault_tolerance.utils import FaultToleranceRequest, FaultToleranceResult
 
 from vllm_omni.config import PipelineConfig, StageConfig
 from vllm_omni.stages.vllm_backend import VLLMStage, _Inputs, _offline_sampling_params
@@ -60,31 +59,6 @@ __all__ = [
 ]
 
 REPLY = ("one", " two", " three")
-
-try:
-    from vllm.v1.fault_tolerance.utils import (
-        FaultToleranceRequest,
-        FaultToleranceResult,
-    )
-except ImportError:  # vLLM 0.33: 0.34's wire types, for this stand-in only
-
-    class FaultToleranceRequest(msgspec.Struct):  # type: ignore[no-redef]
-        instruction: str
-        params: dict[str, Any]
-        request_id: str = ""
-
-    class FaultToleranceResult(msgspec.Struct):  # type: ignore[no-redef]
-        request_id: str
-        success: bool
-        reason: str | None = None
-
-    _package = types.ModuleType("vllm.v1.fault_tolerance")
-    _utils = types.ModuleType("vllm.v1.fault_tolerance.utils")
-    _utils.FaultToleranceRequest = FaultToleranceRequest  # type: ignore[attr-defined]
-    _utils.FaultToleranceResult = FaultToleranceResult  # type: ignore[attr-defined]
-    _package.utils = _utils  # type: ignore[attr-defined]
-    sys.modules.setdefault("vllm.v1.fault_tolerance", _package)
-    sys.modules.setdefault("vllm.v1.fault_tolerance.utils", _utils)
 
 
 def _faulted_error_class() -> type[GracefulHTTPError]:

@@ -543,11 +543,17 @@ class VLLMStage(Stage):
         return config
 
     def fault_status(self) -> Mapping[str, Any] | None:
-        """The status 0.34's engine client caches for its engine
-        (``engine_core.engine_status``), as its own admission reads it."""
+        """The status the engine client caches for its engine, as upstream's
+        own admission reads it: 0.34's ``engine_core.engine_status``; 0.33
+        keeps the same entry, without the property, in ``_engine_status`` by
+        engine rank."""
         if self._parallel_config() is None:
             return None
-        return dict(self._engine.engine_core.engine_status)
+        client = self._engine.engine_core
+        status = getattr(client, "engine_status", None)
+        if status is None:
+            status = client._engine_status.get(client.engine_ranks_managed[0], {})
+        return dict(status)
 
     def recovery_window_s(self) -> float | None:
         config = self._parallel_config()
@@ -558,9 +564,9 @@ class VLLMStage(Stage):
     async def handle_fault(
         self, instruction: str, params: Mapping[str, Any], request_id: str
     ) -> Mapping[str, Any]:
-        """``AsyncLLM.handle_fault`` with 0.34's ``FaultToleranceRequest``:
-        its client refuses a second recovery while one runs, its engine
-        refuses an instruction unless it is ``unhealthy``."""
+        """``AsyncLLM.handle_fault`` with upstream's ``FaultToleranceRequest``
+        (0.34's client refuses a second recovery while one runs; the engine
+        refuses an instruction unless it is ``unhealthy``)."""
         if self._parallel_config() is None:
             return await super().handle_fault(instruction, params, request_id)
         import msgspec
