@@ -32,6 +32,7 @@ from vllm_omni.entrypoints.openai.schema_errors import wrong_json_type
 from vllm_omni.errors import VLLMError, VLLMValidationError
 
 __all__ = [
+    "EMPTY_TOOLS_ARE_NO_TOOLS",
     "FORM_TYPES",
     "INT64_MAX",
     "INT64_MIN",
@@ -144,6 +145,23 @@ def sampling_params_list_field() -> Any:
 # custom role its templates may know); a stricter refusal here, documented
 # in docs/errors/status-mapping.md.
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
+def _reads_empty_tools_as_none() -> bool:
+    """Whether the installed vLLM's chat request reads ``tools: []`` as no
+    tools (0.34, as OpenAI does) instead of refusing it (0.33: a 400 naming
+    ``tools``)."""
+    try:
+        request = UpstreamChatCompletionRequest.model_validate(
+            {"messages": [{"role": "user", "content": "x"}], "tools": []}
+        )
+    except (VLLMError, ValidationError):
+        return False
+    return request.tools is None
+
+
+# ``/openapi.json`` admits ``tools: []`` exactly where upstream does.
+EMPTY_TOOLS_ARE_NO_TOOLS = _reads_empty_tools_as_none()
 
 
 class AudioOptions(BaseModel):
