@@ -64,6 +64,15 @@ it is dead. From the launcher, besides:
   that 503 and the ``stage_id`` of their first stage, while requests already
   admitted go on over the wire, which does not need it.
 
+A faulted stage - its engine runs vLLM's fault tolerance and reported
+``diagnosing`` or ``unhealthy`` (with its heartbeat, or asked every tick in
+this process; ``fault_tolerance`` reads it) - fails the requests in flight
+there with a retryable 503 (its ``stage_id``), and every request that needs
+it is refused with the faulted record (503, its ``stage_id``, ``Retry-After``
+the rest of its recovery window) until it reports ``healthy``; meanwhile
+the orchestrator sends its engine ``retry`` (one recovery at a time, each
+with a request id). An engine that reports ``dead`` is the engine's death.
+
 It must not classify exceptions (stages normalize, ``to_exception``
 rebuilds) and must not render anything for a transport.
 """

@@ -14,6 +14,12 @@ other: the request gets a 500 record instead of silence.
 The DEALER has no high-water mark either way: a send never drops (the
 orchestrator's admission limit bounds what can be queued), it queues.
 
+Its heartbeat carries the stage's engine's fault-tolerance status
+(``Stage.fault_status``) and goes out at once when that changes; a
+``handle_fault`` utility call applies a recovery instruction through the
+stage (``apply_instruction``), and the status it left goes out before its
+result.
+
 A worker never outlives its orchestrator: a local stage polls its parent
 (the launcher, which exits with the orchestrator) and the orchestrator's
 pid; a remote stage exits when the orchestrator has been silent too long

@@ -40,7 +40,12 @@ translation of what upstream reports into what the stage worker normalizes:
   reads one): the engine dropped the request, as vLLM 0.34's fault tolerance
   does to every scheduled request when its engine faults. The answer is
   truncated, so it is never a finish: a retryable 503 with this stage's id
-  (``OmniServiceUnavailableError``), never handed to the next stage.
+  (``OmniServiceUnavailableError``), never handed to the next stage;
+- an engine that runs vLLM's fault tolerance: its status, as its engine
+  client caches it, is the stage's ``fault_status`` (sent with the
+  heartbeat), its ``engine_recovery_timeout_sec`` the recovery window, and a
+  recovery instruction goes through its own ``handle_fault``
+  (``engine.fault_tolerance``, docs/errors/stages.md "A faulted stage").
 
 The engine is built lazily from ``options.engine_args`` (``AsyncEngineArgs``
 keyword arguments) on ``start``; tests inject a fake through
