@@ -115,15 +115,18 @@ def test_bad_config_names_the_key(document: Any, parameter: str) -> None:
         ({"enable_fault_tolerance": True}, "enable_fault_tolerance"),
         ({"fault_tolerance_config": {}}, "fault_tolerance_config"),
         (
-            {"enable_fault_tolerance": True, "data_parallel_external_lb": True},
-            "enable_fault_tolerance",
+            {"fault_tolerance_config": {}, "data_parallel_size": 2},
+            "fault_tolerance_config",
         ),
+        # Where vLLM runs it (external-LB data parallelism), the server honours it.
+        ({"enable_fault_tolerance": True, "data_parallel_external_lb": True}, None),
+        ({"enable_fault_tolerance": True, "data_parallel_rank": 0}, None),
         ({"enable_fault_tolerance": False}, None),
         ({"fault_tolerance_config": None}, None),
         ({}, None),
     ],
 )
-def test_fault_tolerance_in_a_vllm_stage_is_refused_at_load(
+def test_fault_tolerance_without_external_lb_is_refused_at_load(
     engine_args: dict[str, Any], refused: str | None
 ) -> None:
     stage = {
@@ -140,6 +143,7 @@ def test_fault_tolerance_in_a_vllm_stage_is_refused_at_load(
     assert info.value.parameter == f"stages[0].options.engine_args.{refused}"
     assert "\n" not in str(info.value)
     assert "fault tolerance is not supported" in str(info.value)
+    assert "external-load-balancer data parallelism" in str(info.value)
 
 
 def test_missing_file_says_the_file_does_not_exist(tmp_path: Path) -> None:

@@ -465,11 +465,12 @@ def _stage(raw: object, index: int) -> StageConfig:
     )
 
 
-# vLLM's fault tolerance (a faulted engine pauses, refuses with
-# EngineFaultedError and waits for a recovery instruction) needs a server that
-# reads the engine's status and drives its recovery, which this one does not
-# yet; and vLLM runs it only with external-load-balancer data parallelism.
-# Enabled in a stage, it would be ignored: refused at load instead
+# vLLM's fault tolerance (a faulted engine pauses, refuses new requests and
+# waits for a recovery instruction) is honoured: the stage reports its
+# engine's status, the server refuses and drives the recovery
+# (engine.fault_tolerance). vLLM runs it only with external-load-balancer data
+# parallelism; without it, the stage's start would fail with vLLM's own
+# ValueError: refused at load instead, in one line naming the option and why
 # (docs/errors/stages.md, "vLLM builds").
 _FAULT_TOLERANCE_KEYS = ("enable_fault_tolerance", "fault_tolerance_config")
 
@@ -477,14 +478,23 @@ _FAULT_TOLERANCE_KEYS = ("enable_fault_tolerance", "fault_tolerance_config")
 def _refuse_fault_tolerance(engine_args: object, where: str) -> None:
     if not isinstance(engine_args, Mapping):
         return
-    for key in _FAULT_TOLERANCE_KEYS:
-        if engine_args.get(key) not in (None, False):
-            _reject(
-                "vLLM fault tolerance is not supported in a vllm stage: "
-                "vllm-omni does not drive its recovery, and vLLM runs it only "
-                "with external-load-balancer data parallelism; remove it",
-                f"{where}.engine_args.{key}",
-            )
+    key = next(
+        (k for k in _FAULT_TOLERANCE_KEYS if engine_args.get(k) not in (None, False)),
+        None,
+    )
+    # vLLM's own test: the flag, or a rank given (0 is a rank).
+    external_lb = (
+        engine_args.get("data_parallel_external_lb") is True
+        or engine_args.get("data_parallel_rank") is not None
+    )
+    if key is not None and not external_lb:
+        _reject(
+            "vLLM fault tolerance is not supported in this vllm stage: vLLM "
+            "runs it only with external-load-balancer data parallelism "
+            "(data_parallel_external_lb or data_parallel_rank in engine_args); "
+            "set one, or remove it",
+            f"{where}.engine_args.{key}",
+        )
 
 
 def _fault(raw: object, index: int, stages: tuple[StageConfig, ...]) -> FaultConfig:

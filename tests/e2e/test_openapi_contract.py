@@ -260,3 +260,28 @@ def test_a_malformed_video_form_is_a_400(omni_server: OmniServer, case: str) -> 
     )
     assert response.status_code == 400, response.text
     assert_canonical_error(400, response.json(), response.headers)
+
+
+def test_an_empty_tools_list_is_answered_as_upstream_answers_it(
+    omni_server: OmniServer,
+) -> None:
+    """vLLM 0.34 reads ``tools: []`` as no tools (a reply), 0.33 refuses it
+    (400 naming ``tools``): the server answers as the installed vLLM does."""
+    from vllm.entrypoints.openai.chat_completion.protocol import (
+        ChatCompletionRequest,
+    )
+
+    try:
+        ChatCompletionRequest.model_validate({"messages": HI, "tools": []})
+    except Exception:
+        upstream_accepts = False
+    else:
+        upstream_accepts = True
+    response = _post(omni_server, CHAT, {"messages": HI, "tools": []})
+    if upstream_accepts:
+        assert response.status_code == 200, response.text
+        assert response.json()["choices"][0]["message"]["content"]
+    else:
+        assert response.status_code == 400, response.text
+        assert_canonical_error(400, response.json(), response.headers)
+        assert response.json()["error"]["param"] == "tools"

@@ -8,7 +8,9 @@ meets it (the main environment's vLLM has no engine that runs on a CPU; the
 real one is in ``tests/real_engine``):
 
 - while it is built it registers ``vllm:`` metrics on the default registry,
-  a gauge and a counter labelled as upstream labels them;
+  a gauge and a counter labelled as upstream labels them; on its first
+  request, a histogram (as vLLM 0.34 registers
+  ``vllm:request_render_duration_seconds`` on its first render);
 - ``generate`` streams a few deltas; a prompt with ``@hang`` waits until
   the request is closed (an abort: the stream is closed, as ``AsyncLLM``
   aborts a request whose stream closes), ``@reject`` raises upstream's
@@ -29,7 +31,7 @@ from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
 import vllm.exceptions
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
 from vllm.exceptions import VLLMValidationError
 from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.v1.engine.exceptions import EngineDeadError
@@ -56,6 +58,8 @@ class FakeAsyncLLM:
         self.success = Counter(
             "vllm:request_success", "Finished requests.", _LABELS
         ).labels(self.model, "0")
+        # vLLM 0.34 registers its render histogram on the first render.
+        self.render_duration: Any = None
         self.closed: list[str] = []
         self.was_shut_down = False
         self._dead = asyncio.Event()
@@ -83,6 +87,13 @@ class FakeAsyncLLM:
     ) -> AsyncIterator[RequestOutput]:
         if self.errored:
             raise EngineDeadError()
+        if self.render_duration is None:
+            self.render_duration = Histogram(
+                "vllm:request_render_duration_seconds",
+                "Time spent rendering a request.",
+                ["model_name", "request_type"],
+            )
+        self.render_duration.labels(self.model, "chat").observe(0.001)
         if "@faulted" in prompt:
             raise vllm.exceptions.EngineFaultedError()  # type: ignore[attr-defined]
         if "@reject" in prompt:

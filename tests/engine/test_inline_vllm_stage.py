@@ -235,6 +235,14 @@ async def test_the_engines_metrics_carry_the_stage_label(
     assert ("vllm:num_requests_running", frozenset(unlabelled.items())) not in (
         samples(text)
     )
+    # A family the engine registers after its start (vLLM 0.34's render
+    # histogram, on the first render) carries the label too, and only it.
+    render = [
+        dict(labels)
+        for (name, labels), _ in samples(text).items()
+        if name == "vllm:request_render_duration_seconds_count"
+    ]
+    assert render and all(r.get("stage") == str(STAGE_ID) for r in render)
 
 
 @pytest.mark.parametrize("in_flight", [True, False], ids=["in-flight", "idle"])

@@ -333,3 +333,36 @@ def test_a_0_30_receiver_gets_a_faulted_record_as_a_plain_503() -> None:
     )
     assert set(raw) == {"type", "event_id", *LEGACY_WIRE_FIELDS}
     assert (raw["status_code"], raw["error_type"]) == (503, "ServiceUnavailableError")
+
+
+def test_a_heartbeat_carries_an_engine_status_an_old_peer_ignores() -> None:
+    status = {"id": 0, "status": "unhealthy", "fault_info": "RuntimeError"}
+    beat = m.Heartbeat(stage_id=1, engine_status=status, recovery_window_s=120.0)
+    decoded = m.decode(m.encode(beat))
+    assert isinstance(decoded, m.Heartbeat)
+    assert (decoded.engine_status, decoded.recovery_window_s) == (status, 120.0)
+    # A stage without fault tolerance sends what it always sent.
+    plain = msgspec.msgpack.decode(m.encode(m.Heartbeat(stage_id=1)))
+    assert plain == {"type": "heartbeat", "stage_id": 1}
+
+    class OldHeartbeat(msgspec.Struct, tag_field="type", tag="heartbeat"):
+        stage_id: int | None = None
+
+    old = msgspec.msgpack.decode(m.encode(beat), type=OldHeartbeat)
+    assert old.stage_id == 1
+
+
+def test_a_utility_call_carries_its_arguments() -> None:
+    call = m.UtilityRequest(
+        call_id=3,
+        method="handle_fault",
+        args={"instruction": "retry", "params": {}, "request_id": "r"},
+    )
+    assert m.decode(m.encode(call)) == call
+    assert msgspec.msgpack.decode(
+        m.encode(m.UtilityRequest(call_id=4, method="stats"))
+    ) == {
+        "type": "utility",
+        "call_id": 4,
+        "method": "stats",
+    }

@@ -33,6 +33,7 @@ from tests.prom import local_text
 
 EXPECTED_ALERTS = {
     "VllmOmniEngineDead",
+    "VllmOmniStageFaulted",
     "VllmOmniEngineStalled",
     "VllmOmniHigh5xxRatio",
     "VllmOmniStageTimeouts",

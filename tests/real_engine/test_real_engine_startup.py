@@ -78,10 +78,11 @@ def test_a_stage_killed_while_its_engine_starts_leaves_nothing_behind(
 def test_fault_tolerance_is_refused_at_load_with_one_line(
     tmp_path: Path, tiny_model: Path
 ) -> None:
-    """vLLM's fault tolerance cannot run on this build (it needs
-    external-load-balancer data parallelism, and nothing here would drive
-    its recovery): ``vllm-omni serve`` refuses the pipeline at load, in one
-    line naming the option, before vLLM is imported; ``Omni`` the same."""
+    """vLLM runs fault tolerance only with external-load-balancer data
+    parallelism, which this pipeline does not configure: ``vllm-omni serve``
+    refuses it at load, in one line naming the option and why, before vLLM
+    is imported (instead of vLLM's own error at the stage's start); ``Omni``
+    the same."""
     path = write_tiny_pipeline(tmp_path, tiny_model, enable_fault_tolerance=True)
     option = "stages[1].options.engine_args.enable_fault_tolerance"
     serve = [sys.executable, "-m", "vllm_omni.entrypoints.cli.main", "serve"]

@@ -510,3 +510,75 @@ async def test_upstreams_unnamed_errors_name_the_key() -> None:
     assert details is not None
     assert (details.status_code, details.parameter) == (400, "n")
     assert built[0].sampling_params is None
+
+
+class _FaultTolerantClient:
+    """0.34's engine client: the status cached per rank, the property."""
+
+    def __init__(self) -> None:
+        self.engine_ranks_managed = [0]
+        self._engine_status = {0: {"id": 0, "status": "unhealthy"}}
+
+    @property
+    def engine_status(self) -> dict[str, Any]:
+        return self._engine_status[0]
+
+
+class _Client033:
+    """0.33's engine client: the same cache, without the property."""
+
+    def __init__(self) -> None:
+        self.engine_ranks_managed = [3]
+        self._engine_status = {3: {"id": 3, "status": "healthy"}}
+
+
+def _with_fault_tolerance(engine: Any, client: Any, enabled: bool = True) -> None:
+    from types import SimpleNamespace
+
+    engine.vllm_config = SimpleNamespace(
+        parallel_config=SimpleNamespace(
+            enable_fault_tolerance=enabled,
+            fault_tolerance_config=SimpleNamespace(engine_recovery_timeout_sec=45),
+        )
+    )
+    engine.engine_core = client
+
+
+async def test_the_engines_fault_tolerance_status_as_its_client_caches_it() -> None:
+    """The status upstream's own admission reads (0.34's property, 0.33's
+    cache), the recovery window; ``None`` without fault tolerance."""
+    stage, built = make_stage([])
+    await stage.start()
+    assert stage.fault_status() is None and stage.recovery_window_s() is None
+    _with_fault_tolerance(built[0], _FaultTolerantClient(), enabled=False)
+    assert stage.fault_status() is None
+    _with_fault_tolerance(built[0], _FaultTolerantClient())
+    assert stage.fault_status() == {"id": 0, "status": "unhealthy"}
+    assert stage.recovery_window_s() == 45.0
+    _with_fault_tolerance(built[0], _Client033())
+    assert stage.fault_status() == {"id": 3, "status": "healthy"}
+
+
+async def test_a_recovery_goes_through_the_engines_handle_fault() -> None:
+    from vllm.v1.fault_tolerance.utils import (
+        FaultToleranceRequest,
+        FaultToleranceResult,
+    )
+
+    stage, built = make_stage([])
+    await stage.start()
+    refused = await stage.handle_fault("retry", {}, "r-0")
+    assert refused["success"] is False  # no fault tolerance: nothing to ask
+    sent: list[FaultToleranceRequest] = []
+
+    async def handle_fault(request: FaultToleranceRequest) -> FaultToleranceResult:
+        sent.append(request)
+        return FaultToleranceResult(request.request_id, True)
+
+    _with_fault_tolerance(built[0], _FaultTolerantClient())
+    built[0].handle_fault = handle_fault
+    result = await stage.handle_fault("retry", {"k": 1}, "r-1")
+    assert result == {"request_id": "r-1", "success": True, "reason": None}
+    assert [(r.instruction, r.params, r.request_id) for r in sent] == [
+        ("retry", {"k": 1}, "r-1")
+    ]

@@ -28,10 +28,12 @@ does for a request is done here the same way (``stage_worker``):
   ``vllm`` stage: upstream's ``EngineDeadError`` once its EngineCore died)
   is the stage's death, even while no request is in flight;
 - the engine's ``vllm:`` metrics: what the stage's engine registered on this
-  process's default registry while it started is moved to a registry of
-  the stage's own and exported with the ``stage`` label
-  (``stage_metrics``), as a stage process's files are; a stage that can no
-  longer serve shows its counters and histograms and no gauge;
+  process's default registry while it started, and what it registers later
+  (vLLM 0.34's ``vllm:request_render_duration_seconds``, on the first
+  render), is moved to a registry of the stage's own and exported with the
+  ``stage`` label (``stage_metrics``), as a stage process's files are; a
+  stage that can no longer serve shows its counters and histograms and no
+  gauge;
 - shutdown: the stage's ``shutdown`` runs when the engine shuts down (the
   ``vllm`` stage stops its EngineCore there).
 
@@ -73,6 +75,7 @@ from vllm_omni.engine.stage_metrics import (
 )
 from vllm_omni.engine.stage_worker import (
     StageStats,
+    apply_instruction,
     log_abort,
     log_failure,
     stage_logger,
@@ -156,6 +159,8 @@ class InlineStage:
         self._metrics = CollectorRegistry(auto_describe=True)
         # Its engine registered some: the orchestrator exports them.
         self.exports_metrics = False
+        # The default registry's size when this stage last looked at it.
+        self._collectors_seen = 0
         self._closed = False
 
     async def start(self) -> None:
@@ -166,11 +171,23 @@ class InlineStage:
         finally:
             # Whatever its engine registered, even if the start then failed
             # (a second engine's start would unregister it: vLLM's rule).
-            for collector in _engine_collectors() - before:
-                with contextlib.suppress(KeyError):
-                    REGISTRY.unregister(collector)
-                self._metrics.register(collector)
-                self.exports_metrics = True
+            self._adopt(_engine_collectors() - before)
+
+    def _adopt(self, collectors: set[Collector]) -> None:
+        """Move engine collectors from the default registry to this stage's."""
+        for collector in collectors:
+            with contextlib.suppress(KeyError):
+                REGISTRY.unregister(collector)
+            self._metrics.register(collector)
+            self.exports_metrics = True
+        self._collectors_seen = len(REGISTRY._collector_to_names)
+
+    def _adopt_late_metrics(self) -> None:
+        """Engine families registered after the start (on a first use) are
+        this stage's too; looked for only when the default registry grew, so
+        a request costs a length check."""
+        if len(REGISTRY._collector_to_names) != self._collectors_seen:
+            self._adopt(_engine_collectors())
 
     # -- requests that never wait (the request's own task) ---------------------
 
@@ -234,6 +251,7 @@ class InlineStage:
             # process's ``_ended``.
             self._active.discard(request_id)
             self._forget(request_id, asyncio.current_task())
+            self._adopt_late_metrics()
         self._stats.completed += 1
         hops.mark(request_id, "stage.finished", stage_id)
         return None
@@ -283,9 +301,34 @@ class InlineStage:
             return exc
         return None
 
+    def fault_status(self) -> tuple[dict[str, Any] | None, float | None]:
+        """The engine's fault-tolerance status and recovery window, as a
+        stage process reports them with its heartbeat (``None`` without
+        fault tolerance, or when asking raised: logged)."""
+        if self._closed:
+            return None, None
+        try:
+            status = self._stage.fault_status()
+            if status is None:
+                return None, None
+            return dict(status), self._stage.recovery_window_s()
+        except Exception:
+            logger.exception("stage %d: fault_status failed", self.config.id)
+            return None, None
+
+    async def handle_fault(
+        self, instruction: str, params: dict[str, Any], request_id: str
+    ) -> dict[str, Any]:
+        """A fault-tolerance instruction, applied as a stage process applies it."""
+        return await apply_instruction(
+            self._stage, self.config.id, instruction, params, request_id, self._log
+        )
+
     def stage_families(self) -> Iterable[tuple[int, list[Metric]]]:
         """This stage's engine families (``StageMetricsSource``): no gauges
         once it can no longer serve or was shut down."""
+        if not self._closed:
+            self._adopt_late_metrics()
         families = engine_families(self._metrics.collect())
         if not families:
             return

@@ -120,10 +120,18 @@ class Welcome(_Base, tag="welcome"):
     wire: int
 
 
-class Heartbeat(_Base, tag="heartbeat"):
-    """Either direction, periodically: liveness for stages on other hosts."""
+class Heartbeat(_Base, tag="heartbeat", omit_defaults=True):
+    """Either direction, periodically: liveness for stages on other hosts.
+
+    A stage whose engine runs fault tolerance adds its status (vLLM 0.34's
+    ``engine_status`` entry, ``engine.fault_tolerance``) and recovery window,
+    and beats at once when the status changes; a stage without it, or an
+    older stage, sends neither (a peer that does not know them ignores them).
+    """
 
     stage_id: int | None = None
+    engine_status: dict[str, Any] | None = None
+    recovery_window_s: float | None = None
 
 
 class Submit(_Base, tag="submit"):
@@ -247,11 +255,13 @@ class LegacyErrorMessage(_Base, tag="error"):
     event_id: str | None = None
 
 
-class UtilityRequest(_Base, tag="utility"):
-    """Orchestrator → stage: call a named utility (``stats``)."""
+class UtilityRequest(_Base, tag="utility", omit_defaults=True):
+    """Orchestrator → stage: call a named utility (``stats``; ``handle_fault``
+    with its instruction in ``args``)."""
 
     call_id: int
     method: str
+    args: dict[str, Any] = {}
 
 
 class UtilityResponse(_Base, tag="utility_result"):

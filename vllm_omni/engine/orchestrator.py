@@ -64,6 +64,15 @@ it is dead. From the launcher, besides:
   that 503 and the ``stage_id`` of their first stage, while requests already
   admitted go on over the wire, which does not need it.
 
+A faulted stage - its engine runs vLLM's fault tolerance and reported
+``diagnosing`` or ``unhealthy`` (with its heartbeat, or asked every tick in
+this process; ``fault_tolerance`` reads it) - fails the requests in flight
+there with a retryable 503 (its ``stage_id``), and every request that needs
+it is refused with the faulted record (503, its ``stage_id``, ``Retry-After``
+the rest of its recovery window) until it reports ``healthy``; meanwhile
+the orchestrator sends its engine ``retry`` (one recovery at a time, each
+with a request id). An engine that reports ``dead`` is the engine's death.
+
 It must not classify exceptions (stages normalize, ``to_exception``
 rebuilds) and must not render anything for a transport.
 """
@@ -92,6 +101,15 @@ from vllm_omni import __version__
 from vllm_omni.config import HEARTBEAT_INTERVAL_S, PipelineConfig, StageConfig
 from vllm_omni.engine import hops, liveness, processes
 from vllm_omni.engine import messages as m
+from vllm_omni.engine.fault_tolerance import (
+    INSTRUCTIONS,
+    UNHEALTHY,
+    Change,
+    StageFault,
+    checked_result,
+    checked_status,
+    recovery_request_id,
+)
 from vllm_omni.engine.inline import Failure, InlineStage, runs_inline
 from vllm_omni.engine.loop_socket import LoopSocket
 from vllm_omni.engine.processes import LauncherError, Lease, StageProcess
@@ -116,9 +134,16 @@ from vllm_omni.errors.metrics import (
     ENGINE_WIDE,
     EVENT_LOOP_LAG,
     REQUESTS_IN_FLIGHT,
+    STAGE_FAULTED_SECONDS,
+    STAGE_RECOVERIES_TOTAL,
+    STAGE_RECOVERY_WINDOW,
+    STAGE_STATUS,
     AbortReason,
+    StageStatus,
     record_abort,
+    set_stage_status,
 )
+from vllm_omni.errors.sanitize import sanitize_message
 from vllm_omni.errors.text import is_unicode
 from vllm_omni.outputs import DiffusionOutput, OmniRequestOutput, TextChoice
 from vllm_omni.stages import stage_params
@@ -150,6 +175,9 @@ _PARAM_TYPES = (str, int, float, bool, bytes, type(None))
 # ``--max-num-queued-reqs``); big enough for bursts, small enough that the
 # queued work drains well inside a typical stage deadline.
 DEFAULT_MAX_NUM_QUEUED_REQS = 1024
+# How long a recovery may take when its engine did not say (vLLM's default
+# engine_recovery_timeout_sec): the engine gives up after it anyway.
+_DEFAULT_RECOVERY_WINDOW_S = 120.0
 
 
 class StageStartupError(OmniServiceUnavailableError):
@@ -237,6 +265,8 @@ class _StageHandle:
         self.silent_by: set[str] = set()
         # Set when the stage runs in this process (``engine.inline``).
         self.inline: InlineStage | None = None
+        # Its engine's fault tolerance, as the stage reports it.
+        self.fault = StageFault()
 
     @property
     def silent(self) -> bool:
@@ -403,6 +433,8 @@ class Orchestrator:
         self._calls: dict[int, asyncio.Future[Any]] = {}
         self._call_ids = itertools.count(1)
         self._tasks: list[asyncio.Task[None]] = []
+        # Recoveries in flight (at most one per stage).
+        self._recoveries: set[asyncio.Task[None]] = set()
         self._dead: OmniEngineDeadError | None = None
         # The launcher's control plane does not answer: admission refuses.
         self._unreachable = False
@@ -517,6 +549,8 @@ class Orchestrator:
             raise
         self._started = True
         ENGINE_DEAD.set(0)
+        for handle in self._handles.values():
+            self._publish(handle)
 
     def _bind(self, socket: zmq.Socket[bytes]) -> str:
         if self._transport == "tcp":
@@ -610,10 +644,12 @@ class Orchestrator:
         self._close_requests(
             lambda req: OmniServiceUnavailableError("The engine is shutting down.")
         )
-        for task in self._tasks:
+        for task in [*self._tasks, *self._recoveries]:
             # A dropped engine may be finalized after its loop closed.
             with contextlib.suppress(RuntimeError):
                 task.cancel()
+        if self._started:
+            self._unpublish()
         for handle in self._handles.values():
             if handle.ready.done() and not handle.ready.cancelled():
                 handle.ready.exception()  # retrieved: a failed start already raised
@@ -728,6 +764,10 @@ class Orchestrator:
             future = self._calls.pop(message.call_id, None)
             if future is not None and not future.done():
                 future.set_result(message.result)
+        elif isinstance(message, m.Heartbeat):
+            self._on_engine_status(
+                handle, message.engine_status, message.recovery_window_s
+            )
 
     def _on_error(
         self, handle: _StageHandle, details: OmniErrorDetails, reason: str | None
@@ -775,6 +815,11 @@ class Orchestrator:
                     # In this process: its engine died (no process to exit).
                     self._mark_dead(handle.config.id, fatal_reason(death))
                     return
+                if handle.inline is not None:
+                    self._on_engine_status(handle, *handle.inline.fault_status())
+                    if self._dead is not None:
+                        return
+                self._watch_fault(handle, now)
                 process = handle.process
                 if process is not None and not process.is_alive():
                     # Let the receiver deliver a fatal record sent just before exit.
@@ -833,6 +878,7 @@ class Orchestrator:
             handle.silent_by.discard(source)
         if handle.silent == was or self._closed or self._dead is not None:
             return
+        self._publish(handle)
         stage_id, name = handle.config.id, handle.config.name
         if not silent:
             logger.info("stage %d (%s) answers again: admitting", stage_id, name)
@@ -872,12 +918,302 @@ class Orchestrator:
                 "with 503, admitted ones go on"
             )
 
-    def _check_answering(self, stage: StageConfig) -> None:
-        if self._handles[stage.id].silent:
+    def _check_answering(self, stage: StageConfig, request_id: str | None) -> None:
+        """Refuse a request that needs ``stage`` while the stage is silent
+        (503) or its engine faulted (``_refuse_faulted``)."""
+        handle = self._handles[stage.id]
+        if handle.silent:
             raise OmniServiceUnavailableError(
                 f"Stage {stage.id} ({stage.name}) is not answering; retry later.",
                 stage_id=stage.id,
             )
+        if handle.fault.faulted:
+            self._refuse_faulted(handle, request_id)
+
+    def _refuse_faulted(self, handle: _StageHandle, request_id: str | None) -> None:
+        """Raise the faulted record of ``handle``'s stage: a retryable 503
+        naming it, ``Retry-After`` the rest of its recovery window (vLLM
+        0.34's ``EngineFaultedError`` where it is defined)."""
+        stage = handle.config
+        details = OmniErrorDetails(
+            sanitize_message(
+                f"Stage {stage.id} ({stage.name}) has faulted and cannot accept "
+                "new requests. Please try again later or on a different instance."
+            ),
+            "server",
+            503,
+            "ServiceUnavailableError",
+            request_id=sanitize_request_id(request_id),
+            stage_id=stage.id,
+            faulted=True,
+            retry_after_s=handle.fault.retry_after_s(handle.ready.get_loop().time()),
+        )
+        raise to_exception(details)
+
+    def check_faulted(self) -> None:
+        """Raise the faulted record of the first stage whose engine is
+        faulted (``/health``); return while none is."""
+        for handle in self._handles.values():
+            if handle.fault.faulted:
+                self._refuse_faulted(handle, None)
+
+    # -- fault tolerance -------------------------------------------------------
+
+    def _on_engine_status(
+        self, handle: _StageHandle, raw: object, window_s: object
+    ) -> None:
+        """A stage reported its engine's fault-tolerance status (with its
+        heartbeat, or asked in this process): act on the change it makes."""
+        status = checked_status(raw)
+        if status is None and handle.fault.status is None:
+            return  # no fault tolerance: the usual heartbeat
+        window = float(window_s) if isinstance(window_s, int | float) else None
+        loop = handle.ready.get_loop()
+        now = loop.time()
+        change = handle.fault.report(status, window, now)
+        if handle.fault.window_s is not None:
+            STAGE_RECOVERY_WINDOW.labels(str(handle.config.id)).set(
+                handle.fault.window_s
+            )
+        if change is not None:
+            self._on_fault_change(handle, change)
+        if self._dead is None and not self._closed:
+            self._publish(handle)
+            self._watch_fault(handle, now)
+
+    def _on_fault_change(self, handle: _StageHandle, change: Change) -> None:
+        """The stage's engine faulted (fail what it holds, refuse what needs
+        it), recovered (admit again) or gave up (the engine is dead)."""
+        stage_id, name = handle.config.id, handle.config.name
+        if self._closed or self._dead is not None:
+            return
+        if change == "dead":
+            self._mark_dead(
+                stage_id, "its engine faulted and did not recover (status dead)"
+            )
+            return
+        if change == "recovered":
+            STAGE_FAULTED_SECONDS.labels(str(stage_id)).set(0)
+            logger.info(
+                "stage %d (%s) recovered from its fault: admitting", stage_id, name
+            )
+            return
+        stuck = [
+            r
+            for r in self._requests.values()
+            if not r.closed and r.stage is not None and r.stage.id == stage_id
+        ]
+        status = handle.fault.status or {}
+        logger.warning(
+            "stage %d (%s) faulted (engine %s, %s): %d request(s) in flight there "
+            "fail with 503, new ones for it are refused with 503 until it recovers "
+            "(recovery window %s)",
+            stage_id,
+            name,
+            status.get("status"),
+            status.get("fault_info", "no fault info"),
+            len(stuck),
+            "unknown"
+            if handle.fault.window_s is None
+            else f"{handle.fault.window_s:g} s",
+        )
+        for request in stuck:
+            self._close(
+                request,
+                OmniServiceUnavailableError(
+                    f"Stage {stage_id} ({name}) faulted before the request "
+                    "finished. Please try again later or on a different instance.",
+                    stage_id=stage_id,
+                ),
+            )
+            # Not an abort anyone asked for: uncounted.
+            self._abort_everywhere(request, None)
+
+    def _watch_fault(self, handle: _StageHandle, now: float) -> None:
+        """Each watch tick and status report: how long the stage has been
+        faulted, and the recovery the server drives (``retry``, one at a
+        time, the next after a backoff when one failed)."""
+        if not handle.fault.faulted:
+            return
+        STAGE_FAULTED_SECONDS.labels(str(handle.config.id)).set(
+            handle.fault.faulted_for(now)
+        )
+        if handle.fault.wants_recovery(now):
+            self._start_recovery(handle, "retry", {}, recovery_request_id())
+
+    def apply_fault_instruction(
+        self,
+        stage_id: int,
+        instruction: str,
+        params: Mapping[str, Any],
+        request_id: str,
+    ) -> None:
+        """Start a fault-tolerance instruction at a stage's engine (vLLM
+        0.34's ``/v1/fault_tolerance/apply``); its result shows in
+        ``fault_tolerance_status``. Raises when it cannot start: an unknown
+        instruction or stage, or a stage without fault tolerance (400), a
+        stage that is not waiting for one or is recovering already (409)."""
+        self._check_serving()
+        if instruction not in INSTRUCTIONS:
+            raise VLLMValidationError(
+                f"instruction must be one of {', '.join(sorted(INSTRUCTIONS))}",
+                parameter="instruction",
+            )
+        handle = self._handles.get(stage_id)
+        if handle is None or handle.fault.status is None:
+            tolerant = ", ".join(map(str, self.fault_tolerant_stages())) or "none"
+            raise VLLMValidationError(
+                "stage_id must name a stage whose engine runs fault tolerance "
+                f"({tolerant})",
+                parameter="stage_id",
+            )
+        name = handle.config.name
+        if handle.fault.recovering is not None:
+            raise OmniConflictError(
+                f"Stage {stage_id} ({name}) is recovering already; one recovery "
+                "at a time."
+            )
+        if handle.fault.state != UNHEALTHY:
+            raise OmniConflictError(
+                f"Stage {stage_id} ({name}) is {handle.fault.state}: its engine "
+                "takes an instruction only while it is unhealthy."
+            )
+        self._start_recovery(handle, instruction, dict(params), request_id)
+
+    def _start_recovery(
+        self,
+        handle: _StageHandle,
+        instruction: str,
+        params: dict[str, Any],
+        request_id: str,
+    ) -> None:
+        handle.fault.begin(request_id)
+        logger.info(
+            "stage %d (%s): recovery %s started (%s)",
+            handle.config.id,
+            handle.config.name,
+            request_id,
+            instruction,
+        )
+        task = asyncio.create_task(
+            self._recover(handle, instruction, params, request_id),
+            name=f"omni-recovery-{handle.config.id}",
+        )
+        self._recoveries.add(task)
+        task.add_done_callback(self._recoveries.discard)
+
+    async def _recover(
+        self,
+        handle: _StageHandle,
+        instruction: str,
+        params: dict[str, Any],
+        request_id: str,
+    ) -> None:
+        """Send the instruction through the stage's engine (its own
+        ``handle_fault``) and wait for its answer, at most its window."""
+        window = handle.fault.window_s or _DEFAULT_RECOVERY_WINDOW_S
+        raw: object = None
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(window):
+                if handle.inline is not None:
+                    raw = await handle.inline.handle_fault(
+                        instruction, params, request_id
+                    )
+                else:
+                    raw = await self._call_stage(
+                        handle,
+                        "handle_fault",
+                        {
+                            "instruction": instruction,
+                            "params": params,
+                            "request_id": request_id,
+                        },
+                    )
+        result = checked_result(raw, request_id)
+        handle.fault.end(result, handle.ready.get_loop().time())
+        outcome = "succeeded" if result["success"] else "failed"
+        STAGE_RECOVERIES_TOTAL.labels(str(handle.config.id), outcome).inc()
+        logger.log(
+            logging.INFO if result["success"] else logging.WARNING,
+            "stage %d (%s): recovery %s %s%s",
+            handle.config.id,
+            handle.config.name,
+            request_id,
+            outcome,
+            f": {result['reason']}" if result["reason"] else "",
+        )
+
+    async def _call_stage(
+        self, handle: _StageHandle, method: str, args: dict[str, Any]
+    ) -> Any:
+        """One utility call to one stage process; its result (``None`` when
+        the engine died meanwhile)."""
+        call_id = next(self._call_ids)
+        future = self._calls[call_id] = asyncio.get_running_loop().create_future()
+        try:
+            self._post(
+                handle, m.UtilityRequest(call_id=call_id, method=method, args=args)
+            )
+            return await future
+        finally:
+            self._calls.pop(call_id, None)
+
+    def fault_tolerant_stages(self) -> list[int]:
+        """The stages whose engine reported a fault-tolerance status."""
+        return [sid for sid, h in self._handles.items() if h.fault.status is not None]
+
+    def faulted_stages(self) -> list[StageConfig]:
+        """The stages whose engine is faulted now (diagnosing or unhealthy)."""
+        return [h.config for h in self._handles.values() if h.fault.faulted]
+
+    def fault_tolerance_status(self) -> list[dict[str, Any]]:
+        """Each stage's status as ``/v1/fault_tolerance/status`` shows it:
+        the server's view (``status``), and for a stage whose engine runs
+        fault tolerance its engine's own entry (vLLM 0.34's shape), window,
+        current fault's length and recoveries."""
+        now = asyncio.get_running_loop().time()
+        stages = []
+        for sid, handle in self._handles.items():
+            fault = handle.fault
+            entry: dict[str, Any] = {
+                "stage_id": sid,
+                "name": handle.config.name,
+                "status": self._status_of(handle),
+                "fault_tolerance": fault.status is not None,
+            }
+            if fault.status is not None:
+                entry.update(
+                    engines=[dict(fault.status)],
+                    recovery_window_s=fault.window_s,
+                    faulted_s=round(fault.faulted_for(now), 3),
+                    recovering=fault.recovering,
+                    last_recovery=fault.last_result,
+                )
+            stages.append(entry)
+        return stages
+
+    def _status_of(self, handle: _StageHandle) -> StageStatus:
+        if self._dead is not None and self._dead.stage_id == handle.config.id:
+            return "dead"
+        if handle.silent:
+            return "silent"
+        state = handle.fault.state
+        return state if handle.fault.faulted else "healthy"  # type: ignore[return-value]
+
+    def _publish(self, handle: _StageHandle) -> None:
+        """The stage's status on ``/metrics`` (``vllm_omni:stage_status``)."""
+        set_stage_status(str(handle.config.id), self._status_of(handle))
+
+    def _unpublish(self) -> None:
+        """This engine's stages leave ``/metrics`` when it shuts down."""
+        for stage_id in self._handles:
+            labels = str(stage_id)
+            for metric in (STAGE_FAULTED_SECONDS, STAGE_RECOVERY_WINDOW):
+                with contextlib.suppress(KeyError):
+                    metric.remove(labels)
+            for status in ("healthy", "silent", "diagnosing", "unhealthy", "dead"):
+                with contextlib.suppress(KeyError):
+                    STAGE_STATUS.remove(labels, status)
 
     def _dead_error_for(self, request_id: str | None) -> OmniEngineDeadError:
         """A fresh dead error for one request (each raise gets its own)."""
@@ -909,6 +1245,8 @@ class Orchestrator:
         dead.details = normalize(dead)
         self._dead = dead
         ENGINE_DEAD.set(1)
+        if stage_id in self._handles:
+            self._publish(self._handles[stage_id])
         # The one log line of this death; requests refused later log at INFO.
         logger.critical(
             "engine dead: stage %d (%s) failed fatally: %s",
@@ -1018,7 +1356,7 @@ class Orchestrator:
                 stage_id=first.id,
             )
         for stage in route:
-            self._check_answering(stage)
+            self._check_answering(stage, request_id)
         if len(self._requests) >= self.max_num_queued_reqs:
             ADMISSION_REJECTIONS_TOTAL.labels("max_num_queued_reqs", ENGINE_WIDE).inc()
             logger.debug(
@@ -1132,7 +1470,7 @@ class Orchestrator:
     def _submit(self, request: _Request, stage: StageConfig, submit: m.Submit) -> None:
         self._check_serving(request.wire_id)
         try:
-            self._check_answering(stage)
+            self._check_answering(stage, request.request_id)
             self._admit(request, stage)
         except Exception:
             if request.stage is not None:

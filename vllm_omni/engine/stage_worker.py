@@ -14,6 +14,12 @@ other: the request gets a 500 record instead of silence.
 The DEALER has no high-water mark either way: a send never drops (the
 orchestrator's admission limit bounds what can be queued), it queues.
 
+Its heartbeat carries the stage's engine's fault-tolerance status
+(``Stage.fault_status``) and goes out at once when that changes; a
+``handle_fault`` utility call applies a recovery instruction through the
+stage (``apply_instruction``), and the status it left goes out before its
+result.
+
 A worker never outlives its orchestrator: a local stage polls its parent
 (the launcher, which exits with the orchestrator) and the orchestrator's
 pid; a remote stage exits when the orchestrator has been silent too long
@@ -81,6 +87,7 @@ __all__ = [
     "LOG_FORMAT",
     "StageStats",
     "WorkerSpec",
+    "apply_instruction",
     "configure_logging",
     "log_abort",
     "log_failure",
@@ -93,6 +100,9 @@ __all__ = [
 logger = logging.getLogger("vllm_omni.stage")
 
 _WATCH_INTERVAL_S = 0.25
+# How often a stage looks at its engine's fault-tolerance status: a fault is
+# reported within this, not a heartbeat later.
+_STATUS_POLL_S = 0.1
 _RECENT = 1000  # request ids kept per stats list
 _EXIT_LINGER_MS = 2000
 # A pipe write of at most PIPE_BUF (4096) bytes is atomic: lines from several
@@ -201,6 +211,26 @@ def log_failure(
     )
 
 
+async def apply_instruction(
+    stage: Stage,
+    stage_id: int,
+    instruction: str,
+    params: dict[str, Any],
+    request_id: str,
+    log: logging.Logger = logger,
+) -> dict[str, Any]:
+    """A fault-tolerance instruction through ``stage.handle_fault``: its
+    result, or, when it raised, a failure naming the exception's class and
+    first line (the log has the rest)."""
+    try:
+        return dict(await stage.handle_fault(instruction, params, request_id))
+    except Exception as exc:
+        log.exception("stage %d: fault instruction %s failed", stage_id, instruction)
+        lines = str(exc).strip().splitlines()
+        reason = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+        return {"request_id": request_id, "success": False, "reason": reason}
+
+
 class StageWorker:
     """Serves one stage over a DEALER socket until shut down or orphaned."""
 
@@ -209,6 +239,8 @@ class StageWorker:
         self.stage_id = spec.stage.id
         self._faults = spec.pipeline.faults_for(self.stage_id)
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        # Fault-tolerance instructions being applied.
+        self._calls: set[asyncio.Task[None]] = set()
         self._stats = StageStats()
         self._last_heard = time.monotonic()
         # Made in ``serve``, served by its loop.
@@ -223,6 +255,9 @@ class StageWorker:
         self._linger_ms = 0
         # Compact error records only once the orchestrator said it reads them.
         self._compact = False
+        # The engine status last sent, and when the last heartbeat left.
+        self._reported: dict[str, Any] | None = None
+        self._beaten = time.monotonic()
         # Stopped because the orchestrator is gone or was silent too long.
         self.orphaned = False
 
@@ -252,9 +287,10 @@ class StageWorker:
             loops.append(asyncio.create_task(self._heartbeat()))
             await stop.wait()
         finally:
-            for task in [*loops, *self._tasks.values()]:
+            running = [*loops, *self._tasks.values(), *self._calls]
+            for task in running:
                 task.cancel()
-            await asyncio.gather(*loops, *self._tasks.values(), return_exceptions=True)
+            await asyncio.gather(*running, return_exceptions=True)
             if self._stage is not None:
                 with contextlib.suppress(Exception):
                     await self._stage.shutdown()
@@ -328,6 +364,11 @@ class StageWorker:
         elif isinstance(message, m.Welcome):
             self._compact = message.wire >= m.WIRE_VERSION
         elif isinstance(message, m.UtilityRequest):
+            if message.method == "handle_fault":
+                task = asyncio.create_task(self._handle_fault(message))
+                self._calls.add(task)
+                task.add_done_callback(self._calls.discard)
+                return
             self._send(
                 m.UtilityResponse(
                     call_id=message.call_id,
@@ -366,6 +407,26 @@ class StageWorker:
             task.cancel()  # type: ignore[union-attr]
             self._stats.cancelled.append(request_id)
         log_abort(self.stage_id, request_id, running)
+
+    async def _handle_fault(self, call: m.UtilityRequest) -> None:
+        """A fault-tolerance instruction (``apply_instruction``), answered."""
+        assert self._stage is not None
+        args = call.args
+        result = await apply_instruction(
+            self._stage,
+            self.stage_id,
+            str(args.get("instruction", "")),
+            dict(args.get("params") or {}),
+            str(args.get("request_id", "")),
+        )
+        # The status the instruction left goes ahead of its result: whoever
+        # reads the result has read the engine's new status already.
+        self._beat(self._fault_status())
+        self._send(
+            m.UtilityResponse(
+                call_id=call.call_id, stage_id=self.stage_id, result=result
+            )
+        )
 
     def _utility(self, method: str) -> Any:
         if method == "hops":
@@ -438,9 +499,38 @@ class StageWorker:
     # -- liveness --------------------------------------------------------------
 
     async def _heartbeat(self) -> None:
+        """A heartbeat every ``heartbeat_s``, with the engine's fault-tolerance
+        status when it has one; at once when that status changed (looked at
+        every ``_STATUS_POLL_S``)."""
         while True:
-            await asyncio.sleep(self.spec.heartbeat_s)
-            self._send(m.Heartbeat(stage_id=self.stage_id))
+            await asyncio.sleep(min(_STATUS_POLL_S, self.spec.heartbeat_s))
+            status = self._fault_status()
+            if status != self._reported or (
+                time.monotonic() - self._beaten >= self.spec.heartbeat_s
+            ):
+                self._beat(status)
+
+    def _beat(self, status: dict[str, Any] | None) -> None:
+        """Send a heartbeat with the engine's status."""
+        self._reported, self._beaten = status, time.monotonic()
+        window = self._stage.recovery_window_s() if status and self._stage else None
+        self._send(
+            m.Heartbeat(
+                stage_id=self.stage_id, engine_status=status, recovery_window_s=window
+            )
+        )
+
+    def _fault_status(self) -> dict[str, Any] | None:
+        """The stage's ``fault_status``; ``None`` when it has none, or when
+        asking raised (logged: the stage's heartbeats must go on)."""
+        if self._stage is None:
+            return None
+        try:
+            status = self._stage.fault_status()
+        except Exception:
+            logger.exception("stage %d: fault_status failed", self.stage_id)
+            return None
+        return None if status is None else dict(status)
 
     async def _watch_orchestrator(self, stop: asyncio.Event) -> None:
         parent = os.getppid()

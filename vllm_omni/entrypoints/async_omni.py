@@ -305,7 +305,13 @@ class AsyncOmni:
         - ``OmniServiceUnavailableError`` (503, ``stage_id``, retryable) when
           a stage the request needs is silent, or, on the Ray backend, the
           cluster's GCS does not answer (the ``stage_id`` of the request's
-          first stage).
+          first stage);
+        - a faulted record (503, ``stage_id``, retryable, ``Retry-After`` the
+          rest of the recovery window; vLLM 0.34's ``EngineFaultedError``
+          where it is defined) when a stage the request needs has an engine
+          that faulted and has not recovered yet; a request at that stage
+          when it faulted fails with ``OmniServiceUnavailableError`` (503,
+          ``stage_id``).
 
         Every exception carries ``.details``, the record the server would
         render (with this ``request_id``), and survives ``pickle``.
@@ -368,6 +374,49 @@ class AsyncOmni:
         """Raise the dead error when the engine is dead; otherwise return."""
         if self.errored:
             raise self.dead_error
+
+    def faulted_stages(self) -> list[StageConfig]:
+        """The stages whose engine is faulted now (vLLM 0.34's fault
+        tolerance: ``diagnosing`` or ``unhealthy``); requests that need one
+        are refused with a retryable 503 until it recovers."""
+        return self._orchestrator.faulted_stages()
+
+    def check_faulted(self) -> None:
+        """Raise the refusal of the first stage whose engine is faulted (the
+        faulted 503 a request for it gets, naming it); return while none is."""
+        try:
+            self._orchestrator.check_faulted()
+        except Exception as exc:
+            raise_for_caller(exc)
+
+    def fault_tolerance_status(self) -> list[dict[str, Any]]:
+        """Each stage's status (``healthy``, ``silent``, ``diagnosing``,
+        ``unhealthy``, ``dead``) and, for a stage whose engine runs fault
+        tolerance, its engine's own status entry (vLLM 0.34's shape), its
+        recovery window, how long it has been faulted and its recoveries."""
+        return self._orchestrator.fault_tolerance_status()
+
+    def apply_fault_instruction(
+        self,
+        stage_id: int,
+        instruction: str,
+        params: Mapping[str, Any],
+        request_id: str,
+    ) -> None:
+        """Start a fault-tolerance instruction (``retry``, ``scale_down``) at
+        a stage's engine, as vLLM 0.34's ``/v1/fault_tolerance/apply`` does;
+        its result shows in ``fault_tolerance_status``. One recovery at a
+        time per stage: ``OmniConflictError`` (409) while one runs or while
+        the engine is not waiting for one; ``VLLMValidationError`` (400) for
+        an unknown instruction or a stage without fault tolerance. The server
+        starts a ``retry`` by itself as soon as a stage's engine is
+        ``unhealthy``."""
+        try:
+            self._orchestrator.apply_fault_instruction(
+                stage_id, instruction, params, request_id
+            )
+        except Exception as exc:
+            raise_for_caller(exc)
 
     async def stage_stats(self) -> dict[int, dict[str, Any] | None]:
         """What each stage saw, asked from the stage processes themselves.

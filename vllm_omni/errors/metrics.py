@@ -2,15 +2,17 @@
 instrumentator uses.
 
 Owns the counters an on-call alerts on: rendered errors, legacy fallbacks,
-aborts by reason, admission rejections, faulted-engine refusals, plus two
-gauges (requests in flight, engine dead) and the lag of the engine's event
-loop (the API server's under ``vllm-omni serve``), whose stalls delay every
-heartbeat and token. Labels are bounded by construction: the transport is
-one of a fixed set, category and code come from a validated record, the
-type is the record's short identifier (from the status table or a class),
-the fallback label is an exception class name from a fixed table, abort and
-admission reasons are literals, and a ``stage`` label is a stage id from the
-pipeline file. No message, request id or path ever becomes a label.
+aborts by reason, admission rejections, faulted-engine refusals and stage
+recoveries, plus the gauges (requests in flight, engine dead, each stage's
+status, how long a stage has been faulted and its recovery window) and the
+lag of the engine's event loop (the API server's under ``vllm-omni serve``),
+whose stalls delay every heartbeat and token. Labels are bounded by
+construction: the transport is one of a fixed set, category and code come
+from a validated record, the type is the record's short identifier (from the
+status table or a class), the fallback label is an exception class name from
+a fixed table, abort and admission reasons, stage statuses and recovery
+outcomes are literals, and a ``stage`` label is a stage id from the pipeline
+file. No message, request id or path ever becomes a label.
 
 It also owns the abort context: a transport that knows *why* a request is
 being cancelled (the HTTP boundary saw the client go away) says so here, and
@@ -38,13 +40,20 @@ __all__ = [
     "FAULTED_REFUSALS_TOTAL",
     "RAW_FALLBACKS_TOTAL",
     "REQUESTS_IN_FLIGHT",
+    "STAGE_FAULTED_SECONDS",
+    "STAGE_RECOVERIES_TOTAL",
+    "STAGE_RECOVERY_WINDOW",
+    "STAGE_STATUS",
     "AbortContext",
     "AbortReason",
+    "RecoveryOutcome",
+    "StageStatus",
     "Transport",
     "abort_context",
     "record_abort",
     "record_error",
     "set_abort_context",
+    "set_stage_status",
 ]
 
 Transport = Literal["http", "sse", "websocket", "job", "offline"]
@@ -104,6 +113,35 @@ ENGINE_DEAD = Gauge(
     "vllm_omni:engine_dead",
     "1 once a stage died or failed fatally, until a new engine starts; else 0.",
 )
+# A stage's status as the orchestrator sees it: serving (``healthy``), not
+# heard from (``silent``), its engine faulted (vLLM 0.34's ``diagnosing`` and
+# ``unhealthy``), or ``dead`` (the stage that killed the engine).
+StageStatus = Literal["healthy", "silent", "diagnosing", "unhealthy", "dead"]
+RecoveryOutcome = Literal["succeeded", "failed"]
+
+STAGE_STATUS = Gauge(
+    "vllm_omni:stage_status",
+    "Each stage's status, one series per status: 1 for the current one "
+    "(healthy, silent, diagnosing, unhealthy, dead), 0 for the others.",
+    ["stage", "status"],
+)
+STAGE_FAULTED_SECONDS = Gauge(
+    "vllm_omni:stage_faulted_seconds",
+    "How long the stage's engine has been faulted (diagnosing or unhealthy) in "
+    "its current fault; 0 while it is not.",
+    ["stage"],
+)
+STAGE_RECOVERY_WINDOW = Gauge(
+    "vllm_omni:stage_recovery_window_seconds",
+    "The recovery window of a stage whose engine runs fault tolerance (vLLM's "
+    "engine_recovery_timeout_sec): faulted longer, the engine gives up.",
+    ["stage"],
+)
+STAGE_RECOVERIES_TOTAL = Counter(
+    "vllm_omni:stage_recoveries",
+    "Recovery instructions a stage's faulted engine answered, by outcome.",
+    ["stage", "outcome"],
+)
 EVENT_LOOP_LAG = Histogram(
     "vllm_omni:event_loop_lag_seconds",
     "How late the engine's event loop (the API server's under vllm-omni serve) "
@@ -116,6 +154,12 @@ EVENT_LOOP_LAG = Histogram(
 for _reason in get_args(AbortReason):
     ABORTS_TOTAL.labels(_reason)
 ADMISSION_REJECTIONS_TOTAL.labels("max_num_queued_reqs", ENGINE_WIDE)
+
+
+def set_stage_status(stage: str, status: StageStatus) -> None:
+    """Make ``status`` the stage's current one (``STAGE_STATUS``)."""
+    for each in get_args(StageStatus):
+        STAGE_STATUS.labels(stage, each).set(1 if each == status else 0)
 
 
 @dataclasses.dataclass(slots=True)

@@ -56,6 +56,34 @@ class Stage(abc.ABC):
         orchestrator's process (``engine.inline``), so it must be cheap and
         must not wait. Default: nothing."""
 
+    def fault_status(self) -> Mapping[str, Any] | None:
+        """The stage engine's fault-tolerance status, as vLLM 0.34's engine
+        client caches it (``engine_status``: ``{"id": 0, "status":
+        "healthy"}``, the status one of ``healthy``, ``diagnosing``,
+        ``unhealthy``, ``dead``); ``None`` when its engine runs no fault
+        tolerance. Asked about every 100 ms, so it must be cheap and must not
+        wait. Default: ``None``."""
+        return None
+
+    def recovery_window_s(self) -> float | None:
+        """How long the engine waits for a recovery once it faulted
+        (vLLM's ``engine_recovery_timeout_sec``); ``None`` without fault
+        tolerance. Default: ``None``."""
+        return None
+
+    async def handle_fault(
+        self, instruction: str, params: Mapping[str, Any], request_id: str
+    ) -> Mapping[str, Any]:
+        """Apply a fault-tolerance instruction (``retry``, ``scale_down``)
+        through the engine's own interface; the result as vLLM 0.34's
+        ``FaultToleranceResult`` fields (``request_id``, ``success``,
+        ``reason``). Default: a stage without fault tolerance refuses."""
+        return {
+            "request_id": request_id,
+            "success": False,
+            "reason": "the stage has no fault tolerance",
+        }
+
     async def shutdown(self) -> None:  # noqa: B027 - optional hook
         """Release resources before the process exits. Default: nothing. A
         stage that may run in the orchestrator's process must not await

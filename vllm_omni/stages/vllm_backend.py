@@ -40,7 +40,12 @@ translation of what upstream reports into what the stage worker normalizes:
   reads one): the engine dropped the request, as vLLM 0.34's fault tolerance
   does to every scheduled request when its engine faults. The answer is
   truncated, so it is never a finish: a retryable 503 with this stage's id
-  (``OmniServiceUnavailableError``), never handed to the next stage.
+  (``OmniServiceUnavailableError``), never handed to the next stage;
+- an engine that runs vLLM's fault tolerance: its status, as its engine
+  client caches it, is the stage's ``fault_status`` (sent with the
+  heartbeat), its ``engine_recovery_timeout_sec`` the recovery window, and a
+  recovery instruction goes through its own ``handle_fault``
+  (``engine.fault_tolerance``, docs/errors/stages.md "A faulted stage").
 
 The engine is built lazily from ``options.engine_args`` (``AsyncEngineArgs``
 keyword arguments) on ``start``; tests inject a fake through
@@ -532,6 +537,52 @@ class VLLMStage(Stage):
         engine = self._engine
         if engine is not None and getattr(engine, "errored", False):
             raise engine.dead_error
+
+    def _parallel_config(self) -> Any:
+        """The engine's ``ParallelConfig`` when it runs vLLM's fault tolerance
+        (0.34's ``enable_fault_tolerance``), else ``None``."""
+        vllm_config = getattr(self._engine, "vllm_config", None)
+        config = getattr(vllm_config, "parallel_config", None)
+        if not getattr(config, "enable_fault_tolerance", False):
+            return None
+        return config
+
+    def fault_status(self) -> Mapping[str, Any] | None:
+        """The status the engine client caches for its engine, as upstream's
+        own admission reads it: 0.34's ``engine_core.engine_status``; 0.33
+        keeps the same entry, without the property, in ``_engine_status`` by
+        engine rank."""
+        if self._parallel_config() is None:
+            return None
+        client = self._engine.engine_core
+        status = getattr(client, "engine_status", None)
+        if status is None:
+            status = client._engine_status.get(client.engine_ranks_managed[0], {})
+        return dict(status)
+
+    def recovery_window_s(self) -> float | None:
+        config = self._parallel_config()
+        if config is None:
+            return None
+        return float(config.fault_tolerance_config.engine_recovery_timeout_sec)
+
+    async def handle_fault(
+        self, instruction: str, params: Mapping[str, Any], request_id: str
+    ) -> Mapping[str, Any]:
+        """``AsyncLLM.handle_fault`` with upstream's ``FaultToleranceRequest``
+        (0.34's client refuses a second recovery while one runs; the engine
+        refuses an instruction unless it is ``unhealthy``)."""
+        if self._parallel_config() is None:
+            return await super().handle_fault(instruction, params, request_id)
+        import msgspec
+        from vllm.v1.fault_tolerance.utils import FaultToleranceRequest
+
+        result = await self._engine.handle_fault(
+            FaultToleranceRequest(
+                instruction=instruction, params=dict(params), request_id=request_id
+            )
+        )
+        return msgspec.structs.asdict(result)
 
     async def shutdown(self) -> None:
         if self._engine is not None:

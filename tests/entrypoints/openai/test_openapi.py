@@ -366,3 +366,39 @@ async def test_openapi_json_waits_for_the_document_without_holding_the_loop() ->
         response = await pending
     assert response.status_code == 200
     assert response.json() == app.state.openapi_task.result().document
+
+
+def _upstream_reads_empty_tools_as_none() -> bool:
+    """Asked of upstream's own chat request model, as a client would find out."""
+    from vllm.entrypoints.openai.chat_completion.protocol import (
+        ChatCompletionRequest,
+    )
+
+    try:
+        ChatCompletionRequest.model_validate({"messages": HI_MESSAGES, "tools": []})
+    except Exception:
+        return False
+    return True
+
+
+HI_MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("stages", ["vllm", "reference"])
+def test_an_empty_tools_list_is_admitted_where_upstream_admits_it(
+    reference: dict[str, Any], with_vllm: dict[str, Any], stages: str
+) -> None:
+    """vLLM 0.34 reads ``tools: []`` as no tools, 0.33 refuses it: the
+    document follows the installed vLLM; a non-empty list without a
+    ``tool_choice`` stays refused (upstream would make it ``auto``)."""
+    document = with_vllm if stages == "vllm" else reference
+    validator = jsonschema_rs.Draft202012Validator(
+        {
+            **_request(document, "ChatCompletionRequest"),
+            "components": document["components"],
+        }
+    )
+    empty = {"messages": HI_MESSAGES, "tools": []}
+    assert validator.is_valid(empty) is _upstream_reads_empty_tools_as_none()
+    tool = {"type": "function", "function": {"name": "f", "parameters": {}}}
+    assert not validator.is_valid({"messages": HI_MESSAGES, "tools": [tool]})

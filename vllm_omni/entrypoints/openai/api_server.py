@@ -72,6 +72,7 @@ _ROUTERS = (
     "vllm_omni.entrypoints.openai.routes.images",
     "vllm_omni.entrypoints.openai.routes.videos",
     "vllm_omni.entrypoints.openai.routes.realtime",
+    "vllm_omni.entrypoints.openai.routes.fault_tolerance",
 )
 # ``/openapi.json`` narrowed to the pipeline. It reads the request models,
 # which load upstream's protocol modules (and with them ``vllm.config``, 3-4 s):

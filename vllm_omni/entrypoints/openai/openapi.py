@@ -50,6 +50,7 @@ from starlette.responses import JSONResponse
 from vllm_omni.entrypoints.openai.fields import ROUTE, ROUTES
 from vllm_omni.entrypoints.openai.limits import RequestLimits
 from vllm_omni.entrypoints.openai.protocol import (
+    EMPTY_TOOLS_ARE_NO_TOOLS,
     FORM_TYPES,
     ROLES,
     VIDEO_MAX_PROMPT_CHARS,
@@ -596,8 +597,14 @@ def _narrow_chat(doc: Schema, pipeline: _Pipeline) -> None:
         # No tool parser runs: tool_choice none only, which tools must name
         # (upstream makes it "auto" when tools come without it).
         domains["tool_choice"] = lambda s: {"enum": ["none", None]}
-        domains["tools"] = lambda s: _like(s, {**s["anyOf"][0], "minItems": 1})
+        # An empty list is no tools where upstream reads it so (0.34), a 400
+        # where it refuses it (0.33).
+        least = 0 if EMPTY_TOOLS_ARE_NO_TOOLS else 1
+        domains["tools"] = lambda s: _like(s, {**s["anyOf"][0], "minItems": least})
     _narrow_fields(schema, "chat", stage, domains, model=ChatCompletionRequest)
+    tools = schema["properties"]["tools"]
+    if EMPTY_TOOLS_ARE_NO_TOOLS and "enum" in tools:
+        tools["enum"].append([])  # refused, but an empty list is no tools
     with_audio = {"type": "array", "contains": {"const": "audio"}}
     rules = [
         _STREAM_OPTIONS_NEED_STREAM,
@@ -605,7 +612,11 @@ def _narrow_chat(doc: Schema, pipeline: _Pipeline) -> None:
         _if_set("modalities", with_audio, {"properties": {"n": {"enum": [1, None]}}}),
     ]
     if kind == "vllm":
-        rules.append(_if_set("tools", {"type": "array"}, {"required": ["tool_choice"]}))
+        rules.append(
+            _if_set(
+                "tools", {"type": "array", "minItems": 1}, {"required": ["tool_choice"]}
+            )
+        )
     schema["allOf"] = rules
 
 

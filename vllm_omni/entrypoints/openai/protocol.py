@@ -32,6 +32,7 @@ from vllm_omni.entrypoints.openai.schema_errors import wrong_json_type
 from vllm_omni.errors import VLLMError, VLLMValidationError
 
 __all__ = [
+    "EMPTY_TOOLS_ARE_NO_TOOLS",
     "FORM_TYPES",
     "INT64_MAX",
     "INT64_MIN",
@@ -48,6 +49,7 @@ __all__ = [
     "Background",
     "ChatCompletionRequest",
     "CompletionRequest",
+    "FaultToleranceApplyRequest",
     "ImageGenerationRequest",
     "Int64",
     "JsonTypesFirst",
@@ -145,6 +147,23 @@ def sampling_params_list_field() -> Any:
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 
+def _reads_empty_tools_as_none() -> bool:
+    """Whether the installed vLLM's chat request reads ``tools: []`` as no
+    tools (0.34, as OpenAI does) instead of refusing it (0.33: a 400 naming
+    ``tools``)."""
+    try:
+        request = UpstreamChatCompletionRequest.model_validate(
+            {"messages": [{"role": "user", "content": "x"}], "tools": []}
+        )
+    except (VLLMError, ValidationError):
+        return False
+    return request.tools is None
+
+
+# ``/openapi.json`` admits ``tools: []`` exactly where upstream does.
+EMPTY_TOOLS_ARE_NO_TOOLS = _reads_empty_tools_as_none()
+
+
 class AudioOptions(BaseModel):
     voice: str = "alloy"
     format: Literal["wav"] = "wav"
@@ -215,6 +234,23 @@ class SpeechRequest(BaseModel):
     non_streaming_mode: bool | None = None
     extra_params: dict[str, Any] | None = None
     word_timestamps: bool = False
+
+
+# -- fault tolerance ---------------------------------------------------------------
+
+
+class FaultToleranceApplyRequest(BaseModel):
+    """vLLM 0.34's ``/v1/fault_tolerance/apply`` body (``instruction``,
+    ``params``, the ``request_id`` of the recovery round) and the stage it
+    is for: ``stage_id`` may be left out when exactly one stage's engine runs
+    fault tolerance. Unknown fields are refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    instruction: str = Field(min_length=1)
+    params: dict[str, Any] = {}
+    request_id: str = Field(min_length=1, max_length=128)
+    stage_id: int | None = Field(default=None, ge=0, le=INT64_MAX)
 
 
 # -- images ------------------------------------------------------------------------

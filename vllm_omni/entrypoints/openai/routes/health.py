@@ -1,4 +1,7 @@
-"""``GET /health``: 200 while the engine runs, 503 once it is dead."""
+"""``GET /health``: 200 while the engine runs; 503 once it is dead, and while
+a stage's engine is faulted (vLLM 0.34's fault tolerance) with the refusal a
+request for that stage gets (the faulted record: its ``stage_id``, a
+``Retry-After``), so that a load balancer routes elsewhere until it recovers."""
 
 from __future__ import annotations
 
@@ -20,4 +23,5 @@ async def health(request: Request) -> Response:
     engine = engine_of(request)
     if engine.errored or not engine.is_running:
         raise OmniServiceUnavailableError("The engine is not running.")
+    engine.check_faulted()
     return Response(status_code=200)
