@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import http.server
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,7 +26,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
-__all__ = ["Receiver", "Span", "receiver"]
+__all__ = ["Receiver", "Span", "TraceParent", "receiver", "tree"]
 
 # The span kinds and status codes by their proto names, without the prefix.
 KINDS = {
@@ -161,6 +162,30 @@ class Receiver:
                 return spans
             assert time.monotonic() < deadline, [s.name for s in spans]
             time.sleep(0.05)
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceParent:
+    """A client's span: what it sends as ``traceparent``."""
+
+    trace_id: str = dataclasses.field(default_factory=lambda: os.urandom(16).hex())
+    span_id: str = dataclasses.field(default_factory=lambda: os.urandom(8).hex())
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"traceparent": f"00-{self.trace_id}-{self.span_id}-01"}
+
+
+Tree = list[tuple[str, "Tree"]]
+
+
+def tree(spans: list[Span], parent_id: str) -> Tree:
+    """The spans under ``parent_id`` by name, children sorted by name."""
+    return sorted(
+        (span.name, tree(spans, span.span_id))
+        for span in spans
+        if span.parent_span_id == parent_id
+    )
 
 
 def receiver() -> Iterator[Receiver]:
