@@ -11,16 +11,27 @@ fatal stage failure kills the engine (kept alive by
 
 from __future__ import annotations
 
+import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import openai
 import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect as ws_connect
 
-from tests.e2e.omni_server import FAULTS, OmniServer, start_server, write_pipeline
+from tests.e2e.omni_server import (
+    FAULTS,
+    LEAK_SECRETS,
+    OmniServer,
+    start_server,
+    write_pipeline,
+)
 from tests.e2e.servers import metric_samples
 from tests.otlp_receiver import Receiver, Span, TraceParent, receiver, tree
 
@@ -137,6 +148,17 @@ def _no_record(span: Span) -> None:
     assert span.status == "UNSET"
 
 
+def _in_flight(server: OmniServer) -> float:
+    return metric_samples(server.base_url)[("vllm_omni:requests_in_flight", ())]
+
+
+def _wait_in_flight(server: OmniServer, expected: float) -> None:
+    deadline = time.monotonic() + 10
+    while _in_flight(server) != expected:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
 def test_a_success_is_one_trace_with_a_span_per_stage(
     server: OmniServer, collector: Receiver, client: openai.OpenAI
 ) -> None:
@@ -247,10 +269,7 @@ def test_a_deadline_504_and_an_overload_503_look_distinct(
         target=lambda: answers.setdefault("held", _chat(server, "@hang", held))
     )
     holder.start()
-    deadline = time.monotonic() + 10
-    while metric_samples(server.base_url)[("vllm_omni:requests_in_flight", ())] < 1:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    _wait_in_flight(server, 1)
     overload = _chat(server, "hello", refused)
     holder.join()
     assert overload.status_code == 503
@@ -312,6 +331,99 @@ def test_a_streamed_failure_after_the_first_chunk(
     _assert_record(root, body)
     _assert_record(_named(spans, "stage talker"), body)
     _no_record(_named(spans, "stage thinker"))
+
+
+def test_a_client_that_hangs_up_is_a_499_abort_not_an_error(
+    server: OmniServer, collector: Receiver
+) -> None:
+    parent = TraceParent()
+    url = urlsplit(server.base_url)
+    body = json.dumps({"messages": [{"role": "user", "content": "wait @hang"}]})
+    with socket.create_connection((url.hostname, url.port)) as sock:
+        sock.sendall(
+            (
+                f"POST {CHAT} HTTP/1.1\r\nHost: {url.netloc}\r\n"
+                f"traceparent: {parent.headers['traceparent']}\r\n"
+                f"Content-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n{body}"
+            ).encode()
+        )
+        _wait_in_flight(server, 1)
+    _wait_in_flight(server, 0)
+    spans = _trace(collector, parent, 3)
+    assert tree(spans, parent.span_id) == [
+        (SERVER_SPAN, [("stage guardrail", []), ("stage thinker", [])])
+    ]
+    root = _server_span(spans, parent)
+    assert root.attributes["http.response.status_code"] == 499
+    assert root.attributes["vllm_omni.abort_reason"] == "client_disconnect"
+    _no_record(root)
+    assert _named(spans, "stage thinker").attributes["vllm_omni.aborted"] is True
+
+
+def test_a_websocket_session_is_one_trace_of_its_responses(
+    server: OmniServer, collector: Receiver
+) -> None:
+    parent = TraceParent()
+    url = server.base_url.replace("http://", "ws://", 1) + "/v1/realtime"
+    with ws_connect(url, additional_headers=parent.headers) as ws:
+        assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
+        for prompt in ("hello realtime", "explode @boom"):
+            ws.send(
+                json.dumps(
+                    {"type": "response.create", "response": {"instructions": prompt}}
+                )
+            )
+            while (event := json.loads(ws.recv(timeout=10)))["type"] not in (
+                "response.done",
+                "error",
+            ):
+                pass
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=10)
+    spans = _trace(collector, parent, 5)
+    session = "WEBSOCKET /v1/realtime"
+    stages = [("stage guardrail", []), ("stage thinker", [])]
+    assert tree(spans, parent.span_id) == [(session, sorted(stages * 2))]
+    root = _server_span(spans, parent)
+    assert "http.response.status_code" not in root.attributes  # accepted
+    _assert_record(root, {"error": event["error"]})
+    thinkers = [s for s in spans if s.name == "stage thinker"]
+    assert sorted(s.status for s in thinkers) == ["ERROR", "UNSET"]
+
+
+def test_an_async_job_run_is_a_child_of_the_request_that_created_it(
+    server: OmniServer, collector: Receiver
+) -> None:
+    parent = TraceParent()
+    created = httpx.post(
+        server.base_url + "/v1/videos",
+        json={"prompt": "a clip @vleak", "seconds": "0.2", "size": "64x64"},
+        headers=parent.headers,
+        timeout=30,
+    )
+    assert created.status_code == 200
+    job = created.json()["id"]
+    deadline = time.monotonic() + 30
+    while (read := httpx.get(f"{server.base_url}/v1/videos/{job}").json())[
+        "status"
+    ] != "failed":
+        assert time.monotonic() < deadline, read
+        time.sleep(0.1)
+    spans = _trace(collector, parent, 4)
+    assert tree(spans, parent.span_id) == [
+        (
+            "POST /v1/videos",
+            [("video job", [("stage guardrail", []), ("stage video", [])])],
+        )
+    ]
+    stored = {"error": read["error"]}
+    _assert_record(_named(spans, "video job"), stored)
+    _assert_record(_named(spans, "stage video"), stored)
+    # The failure's text carried credentials, paths and media: the spans
+    # carry the public record's text only.
+    said = repr([(s.attributes, s.status_message) for s in spans])
+    assert not [secret for secret in LEAK_SECRETS if secret in said]
 
 
 def test_a_fatal_stage_failure_is_on_the_dead_stage_span(
