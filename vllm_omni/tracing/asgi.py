@@ -77,12 +77,12 @@ class TracingMiddleware:
         try:
             await self.app(scope, receive, traced_send)
         finally:
+            attributes = {a.REQUEST_ID: scope_request_id(scope)}
             route = getattr(scope.get("route"), "path", None)
             if route is not None:
                 span.update_name(f"{method} {route}")
-                span.set_attribute(a.HTTP_ROUTE, route)
-            span.set_attribute(a.REQUEST_ID, scope_request_id(scope))
-            end_server_span(span, token, outcome, status)
+                attributes[a.HTTP_ROUTE] = route
+            end_server_span(span, token, outcome, status, attributes)
 
 
 def install_tracing(app: FastAPI, excluded: Iterable[str] = ()) -> None:

@@ -166,22 +166,32 @@ def start_server_span(
 
 
 def end_server_span(
-    span: Span, token: object, outcome: Outcome, status: int | None
+    span: Span,
+    token: object,
+    outcome: Outcome,
+    status: int | None,
+    attributes: dict[str, Any] | None = None,
 ) -> None:
-    """End a server span with what the request ended with: the status sent
-    (``None``: nothing, or a WebSocket session), the record of its last
-    error, the abort reason when the client went away or it was cancelled."""
+    """End a server span with ``attributes`` and what the request ended
+    with: the status sent (``None``: nothing, or a WebSocket session), the
+    record of its last error, the abort reason when the client went away or
+    it was cancelled. One ``set_attributes`` for a success: each call takes
+    the span's lock."""
+    attributes = attributes or {}
     if status is not None:
-        span.set_attribute(a.HTTP_STATUS, status)
-    details = outcome.details
-    if details is not None:
-        record(span, details)
-    elif status is not None and status >= 500:
-        span.set_attribute(a.ERROR_TYPE, str(status))
-        span.set_status(Status(StatusCode.ERROR))
+        attributes[a.HTTP_STATUS] = status
     aborts = abort_context()
     if aborts is not None and aborts.reason is not None:
-        span.set_attribute(a.ABORT_REASON, aborts.reason)
+        attributes[a.ABORT_REASON] = aborts.reason
+    details = outcome.details
+    if details is not None:
+        attributes.update(a.record_attributes(details))
+        if a.is_error(details):
+            span.set_status(Status(StatusCode.ERROR, details.message))
+    elif status is not None and status >= 500:
+        attributes[a.ERROR_TYPE] = str(status)
+        span.set_status(Status(StatusCode.ERROR))
+    span.set_attributes(attributes)
     span.end()
     otel_context.detach(token)  # type: ignore[arg-type]
 
