@@ -94,7 +94,7 @@ def decode(body: bytes) -> list[Span]:
 class Receiver:
     """The spans received so far, and the server that receives them."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.spans: list[Span] = []
         self.posts = 0
         self.refusing = False
@@ -123,7 +123,7 @@ class Receiver:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="otlp-receiver", daemon=True

@@ -8,7 +8,8 @@ default, or ``http/protobuf``), and a ``BatchSpanProcessor``, so a request
 only queues its spans and a thread exports them. A collector that is down,
 slow or refusing costs requests nothing: the batch drops what it cannot
 send, and that is logged once per outage (the exporter's own per-batch
-warnings are silenced). The SDK is imported here and nowhere else.
+warnings are silenced; a full queue's per-span warning shows once). The
+SDK is imported here and nowhere else.
 """
 
 from __future__ import annotations
@@ -41,6 +42,23 @@ _EXPORTER_LOGGERS = (
     "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
     "opentelemetry.sdk.trace.export",
 )
+# The batch logs every span it drops while its queue is full (a collector
+# slower than the requests): on the request's path, once is enough.
+_BATCH_LOGGER = "opentelemetry.sdk._shared_internal"
+
+
+class _Once(logging.Filter):
+    """Lets the first "queue full" record through, and no later one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.getMessage().startswith("Queue full"):
+            return True
+        seen, self._seen = self._seen, True
+        return not seen
 
 
 class _Reported(SpanExporter):
@@ -103,6 +121,9 @@ def build_provider(
     to ``vllm-omni``."""
     for name in _EXPORTER_LOGGERS:
         logging.getLogger(name).setLevel(logging.CRITICAL)
+    batch_logger = logging.getLogger(_BATCH_LOGGER)
+    if not any(isinstance(f, _Once) for f in batch_logger.filters):
+        batch_logger.addFilter(_Once())
     resource = dict(attributes)
     if not os.environ.get("OTEL_SERVICE_NAME"):
         resource[SERVICE_NAME] = DEFAULT_SERVICE_NAME
