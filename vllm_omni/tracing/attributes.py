@@ -33,6 +33,7 @@ __all__ = [
     "STAGE_NAME",
     "STATUS_CODE",
     "URL_PATH",
+    "URL_SCHEME",
     "is_error",
     "record_attributes",
 ]

@@ -17,6 +17,7 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
+from vllm_omni import __version__
 from vllm_omni.errors import VLLMValidationError
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ def configure(endpoint: str | None, *, process: str) -> bool:
     if resolved is None:
         return False
     chosen = protocol()
-    from vllm_omni import __version__
+    # The SDK only now: off, nothing of OpenTelemetry is imported.
     from vllm_omni.tracing.export import build_provider
 
     _provider = build_provider(
