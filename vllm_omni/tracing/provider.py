@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import threading
 from typing import TYPE_CHECKING
 
 from vllm_omni import __version__
@@ -118,6 +119,14 @@ def enabled() -> bool:
 
 def flush(timeout_s: float = FLUSH_TIMEOUT_S) -> None:
     """Hand every ended span to the exporter, waiting at most ``timeout_s``
-    (a process about to exit: ``os._exit`` skips ``atexit``)."""
-    if _provider is not None:
-        _provider.force_flush(int(timeout_s * 1000))
+    (a process about to exit: ``os._exit`` skips ``atexit``). The batch's
+    own flush waits for its exports whatever the timeout (a collector that
+    is down: the exporter's retries, 10 s a batch): it runs in a daemon
+    thread, which an exit does not wait for."""
+    if _provider is None:
+        return
+    flushing = threading.Thread(
+        target=_provider.force_flush, name="otel-flush", daemon=True
+    )
+    flushing.start()
+    flushing.join(timeout_s)
