@@ -12,6 +12,7 @@ fatal stage failure kills the engine (kept alive by
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
@@ -38,10 +39,12 @@ from tests.otlp_receiver import Receiver, Span, TraceParent, receiver, tree
 CHAT = "/v1/chat/completions"
 SERVER_SPAN = f"POST {CHAT}"
 GENERIC = "The server had an error while processing your request."
-# Spans leave each process within a tenth of a second (the batch's delay).
+# Spans leave each process within a tenth of a second (the batch's delay);
+# an export the collector refuses is retried for 2 s, not 10.
 TRACE_ENV = {
     "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
     "OTEL_BSP_SCHEDULE_DELAY": "50",
+    "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "2",
 }
 FATAL_FAULT = {
     "stage": 1,
@@ -424,6 +427,33 @@ def test_an_async_job_run_is_a_child_of_the_request_that_created_it(
     # carry the public record's text only.
     said = repr([(s.attributes, s.status_message) for s in spans])
     assert not [secret for secret in LEAK_SECRETS if secret in said]
+
+
+def test_a_collector_that_refuses_costs_nothing_and_is_logged_once(
+    server: OmniServer, collector: Receiver
+) -> None:
+    failed = r"trace export to \S+ failed"
+    collector.refusing = True
+    try:
+        for _ in range(3):
+            assert _chat(server, "hello", TraceParent()).status_code == 200
+        # The server's process (its span, the guardrail's) and the
+        # thinker's stage process each lose their spans.
+        server.wait_for_log(
+            f"vllm_omni.tracing: {failed}", f"stage-1.*{failed}", within_s=30
+        )
+        assert _chat(server, "hello", TraceParent()).status_code == 200
+    finally:
+        collector.refusing = False
+    assert _chat(server, "hello", TraceParent()).status_code == 200
+    server.wait_for_log(
+        "vllm_omni.tracing: trace export to .* answers again",
+        "stage-1.*trace export to .* answers again",
+        within_s=30,
+    )
+    lines = [line for line in server.log().splitlines() if "trace export to" in line]
+    assert len([line for line in lines if re.search(failed, line)]) == 2, lines
+    assert not [line for line in server.log().splitlines() if "Queue full" in line]
 
 
 def test_a_fatal_stage_failure_is_on_the_dead_stage_span(
