@@ -3,7 +3,10 @@ model with ``--otlp-traces-endpoint`` exports over OTLP/HTTP to a receiver
 on loopback. The ``vllm`` stage's endpoint reaches its engine's arguments,
 and the stage hands its span to ``AsyncLLM.generate`` as ``trace_headers``:
 vLLM's own ``llm_request`` span (exported by vLLM's tracer, in the stage's
-process) is a child of the stage's span, in the client's trace."""
+process) is a child of the stage's span, in the client's trace. Both
+placements: the stage in a process of its own, and in the server's process
+(``in_process``, what ``vllm-omni serve MODEL`` runs), where vLLM's tracer
+provider and ours live side by side."""
 
 from __future__ import annotations
 
@@ -31,17 +34,22 @@ def collector() -> Iterator[Receiver]:
     yield from receiver()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=["process", "in_process"])
 def server(
-    tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, collector: Receiver
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    tiny_model: Path,
+    collector: Receiver,
 ) -> Iterator[OmniServer]:
-    directory = tmp_path_factory.mktemp("real-traces")
+    directory = tmp_path_factory.mktemp(f"real-traces-{request.param}")
+    in_process = request.param == "in_process"
     started = start_server(
         directory,
-        write_tiny_pipeline(directory, tiny_model),
+        write_tiny_pipeline(directory, tiny_model, in_process=in_process),
         env=TRACE_ENV,
         extra_args=("--otlp-traces-endpoint", collector.endpoint),
     )
+    started.extra["process"] = "engine" if in_process else "stage-1"
     with running_servers({"traces": started}) as servers:
         yield servers["traces"]
 
@@ -71,3 +79,5 @@ def test_the_engine_span_joins_the_stage_span(
         == thinker.attributes["vllm_omni.request_id"]
     )
     assert engine.attributes["gen_ai.usage.completion_tokens"] >= 1
+    assert thinker.resource["vllm_omni.process"] == server.extra["process"]
+    assert engine.resource["vllm.process_id"] == str(thinker.resource["process.pid"])
