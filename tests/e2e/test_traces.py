@@ -390,6 +390,7 @@ def test_a_websocket_session_is_one_trace_of_its_responses(
     assert tree(spans, parent.span_id) == [(session, sorted(stages * 2))]
     root = _server_span(spans, parent)
     assert "http.response.status_code" not in root.attributes  # accepted
+    assert root.attributes["http.request.method"] == "GET"  # the handshake
     _assert_record(root, {"error": event["error"]})
     thinkers = [s for s in spans if s.name == "stage thinker"]
     assert sorted(s.status for s in thinkers) == ["ERROR", "UNSET"]

@@ -55,13 +55,15 @@ class TracingMiddleware:
         ):
             await self.app(scope, receive, send)
             return
-        method = scope.get("method", "GET") if scope["type"] == "http" else "WEBSOCKET"
+        http = scope["type"] == "http"
+        # A session's span is named so; its handshake is an HTTP GET.
+        method = scope.get("method", "GET") if http else "WEBSOCKET"
         span, token, outcome = start_server_span(
             active,
             method,
             _headers(scope),
             {
-                a.HTTP_METHOD: method,
+                a.HTTP_METHOD: method if http else "GET",
                 a.URL_PATH: scope.get("path", ""),
                 a.URL_SCHEME: scope.get("scheme", "http"),
             },
