@@ -14,7 +14,14 @@ mounts it, each on its own registry so every app really counts):
 - ``boundary alone``: the boundary's own CPU time per success around a bare
   ASGI app (no client, no framework, no instrumentator), and of that the
   request id with its ``X-Request-Id`` header: what the success route's
-  ratio is made of.
+  ratio is made of;
+- ``success route, tracing on``: the success app with the server span
+  middleware and OTLP/HTTP export to a live receiver (issue 39) vs the same
+  app with tracing off (which installs nothing); target: ratio >= 0.98. It
+  runs in a child process (tracing, once on, stays on in a process), timed
+  by the child's process CPU time so the exporter's thread counts too; the
+  receiver runs in this process, and the row says how many of the spans
+  arrived.
 
 All apps are up at once. Each round times one block of ``BLOCK`` requests
 on each side of a pair, the side that goes first alternating, and gives one
@@ -35,8 +42,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
+import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -58,6 +68,7 @@ BLOCK = 10
 ROUNDS = 400
 QUICK_ROUNDS = 8
 SUCCESS_TARGET = ">= 0.98"
+TRACING_TARGET = ">= 0.98"
 ERROR_TARGET = ">= 1.2"
 
 ERRORS: tuple[Callable[[], Exception], ...] = (
@@ -103,17 +114,23 @@ def _client(app: FastAPI) -> httpx.AsyncClient:
     )
 
 
-async def _block(client: httpx.AsyncClient, path: str) -> float:
+async def _block(
+    client: httpx.AsyncClient, path: str, clock: Callable[[], float]
+) -> float:
     # CPU time of this thread, which runs client, app and loop: time the
     # machine gives other processes mid-block does not count.
-    started = time.thread_time()
+    started = clock()
     for _ in range(BLOCK):
         await client.get(path)
-    return time.thread_time() - started
+    return clock() - started
 
 
 async def compare(
-    path: str, ours: FastAPI, baseline: FastAPI, rounds: int
+    path: str,
+    ours: FastAPI,
+    baseline: FastAPI,
+    rounds: int,
+    clock: Callable[[], float] = time.thread_time,
 ) -> dict[str, object]:
     """Paired rounds on ``path``: our throughput relative to the baseline's."""
     sides = [_client(ours), _client(baseline)]
@@ -122,12 +139,12 @@ async def compare(
     try:
         for client in sides:
             for _ in range(3):
-                await _block(client, path)  # warm-up, not counted
+                await _block(client, path, clock)  # warm-up, not counted
         for index in range(rounds):
             order = (0, 1) if index % 2 == 0 else (1, 0)
             seconds = [0.0, 0.0]
             for side in order:
-                seconds[side] = await _block(sides[side], path)
+                seconds[side] = await _block(sides[side], path, clock)
             ratios.append(seconds[1] / seconds[0])
             rates[0].append(BLOCK / seconds[0])
             rates[1].append(BLOCK / seconds[1])
@@ -191,6 +208,58 @@ async def boundary_cost(number: int) -> dict[str, float]:
     }
 
 
+def _traced_compare(rounds: int) -> dict[str, object]:
+    """In the child process: tracing on (the environment's endpoint), the
+    success app with the server span vs without, by process CPU time."""
+    from vllm_omni.tracing.asgi import install_tracing
+    from vllm_omni.tracing.provider import configure, flush
+
+    assert configure(None, process="bench")
+    traced = _app("ours")
+    install_tracing(traced)
+    row = asyncio.run(
+        compare("/ok", traced, _app("ours"), rounds, clock=time.process_time)
+    )
+    flush(30)
+    return {**row, "traced": BLOCK * (rounds + 3)}
+
+
+def tracing_row(rounds: int) -> dict[str, object]:
+    """The success route with tracing on vs off, measured in a child process
+    exporting to a receiver in this one."""
+    from tests.otlp_receiver import Receiver
+
+    receiver = Receiver()
+    receiver.start()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "benchmarks.bench_http", "--traced", str(rounds)],
+            env={
+                **os.environ,
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint,
+            },
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        row = json.loads(done.stdout.strip().splitlines()[-1])
+        deadline = time.monotonic() + 10
+        while len(receiver.spans) < row["traced"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        received = len(receiver.spans)
+    finally:
+        receiver.stop()
+    traced = row.pop("traced")
+    return {
+        "benchmark": "success route, tracing on vs off (live receiver)",
+        **row,
+        "unit": f"req/s ({received} of {traced} spans received)",
+        "target": TRACING_TARGET,
+        "met": met(float(row["ratio"]), TRACING_TARGET),
+    }
+
+
 def run(quick: bool = False) -> list[dict[str, object]]:
     rounds = QUICK_ROUNDS if quick else ROUNDS
     # Error logs would dominate the measurement; both sides run quiet.
@@ -227,13 +296,20 @@ def run(quick: bool = False) -> list[dict[str, object]]:
                 "met": met(float(row["ratio"]), target),  # type: ignore[arg-type]
             }
         )
+    rows.append(tracing_row(rounds))
     return rows
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_http")
     parser.add_argument("--quick", action="store_true", help="a few rounds only")
+    parser.add_argument("--traced", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.traced is not None:
+        # The child of ``tracing_row``: one JSON row on stdout.
+        logging.getLogger("vllm_omni").setLevel(logging.CRITICAL)
+        print(json.dumps(_traced_compare(args.traced)))
+        return 0
     rows = run(quick=args.quick)
     print(f"{'benchmark':56} {'ours':>9} {'baseline':>9} {'ratio':>6}  unit")
     for row in rows:

@@ -18,6 +18,7 @@ from vllm_omni.config import (
     load_pipeline,
     pipeline_for_model,
     pipeline_from_mapping,
+    with_traces_endpoint,
 )
 from vllm_omni.entrypoints.async_omni import AsyncOmni
 from vllm_omni.errors import VLLMValidationError
@@ -405,3 +406,39 @@ def test_a_model_is_needed_without_a_pipeline() -> None:
         with pytest.raises(VLLMValidationError) as caught:
             pipeline_for_model(model)
         assert caught.value.parameter == "model"
+
+
+def test_a_traces_endpoint_reaches_every_process_and_every_vllm_engine() -> None:
+    base = pipeline_from_mapping(
+        {
+            "model": "m",
+            "stages": [
+                {"id": 0, "name": "guardrail", "kind": "guardrail"},
+                {
+                    "id": 1,
+                    "name": "a",
+                    "kind": "vllm",
+                    "options": {"engine_args": {"model": "x"}},
+                },
+                {
+                    "id": 2,
+                    "name": "b",
+                    "kind": "vllm",
+                    "options": {
+                        "engine_args": {"model": "y", "otlp_traces_endpoint": "own"}
+                    },
+                },
+            ],
+        }
+    )
+    assert with_traces_endpoint(base, None) is base
+    traced = with_traces_endpoint(base, "http://c:4317")
+    assert traced.otlp_traces_endpoint == "http://c:4317"
+    guardrail, first, second = traced.stages
+    assert guardrail == base.stages[0]
+    assert first.options["engine_args"] == {
+        "model": "x",
+        "otlp_traces_endpoint": "http://c:4317",
+    }
+    # A stage's own endpoint in its file is kept.
+    assert second.options["engine_args"]["otlp_traces_endpoint"] == "own"

@@ -116,6 +116,7 @@ __all__ = [
     "pipeline_for_model",
     "pipeline_from_mapping",
     "resolve_exception",
+    "with_traces_endpoint",
 ]
 
 StageKind = Literal["text", "talker", "vocoder", "image", "video", "guardrail", "vllm"]
@@ -271,6 +272,10 @@ class PipelineConfig:
     heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S
     # As written (None: the default, see ``liveness_settings``).
     silence_timeout_s: float | None = None
+    # Where every process of the engine exports its spans (``--otlp-traces-
+    # endpoint``; None: each process's OTEL_* environment). Set by the
+    # engine (``with_traces_endpoint``), not read from a pipeline file.
+    otlp_traces_endpoint: str | None = None
 
     def stage(self, stage_id: int) -> StageConfig:
         for stage in self.stages:
@@ -768,6 +773,27 @@ def check_model_pipeline(
         model=served_model_name or base.model,
         stages=tuple(stage if s is target else s for s in base.stages),
     )
+
+
+def with_traces_endpoint(
+    pipeline: PipelineConfig, endpoint: str | None
+) -> PipelineConfig:
+    """``pipeline`` whose processes export spans to ``endpoint``: every stage
+    process (``otlp_traces_endpoint``) and every ``vllm`` stage's engine
+    (its ``otlp_traces_endpoint`` engine argument, unless the file sets one:
+    upstream drops ``trace_headers`` without it)."""
+    if endpoint is None:
+        return pipeline
+    stages = []
+    for stage in pipeline.stages:
+        engine_args = stage.options.get("engine_args")
+        if stage.kind == "vllm" and isinstance(engine_args, Mapping):
+            engine_args = {"otlp_traces_endpoint": endpoint, **engine_args}
+            stage = replace(
+                stage, options={**stage.options, "engine_args": engine_args}
+            )
+        stages.append(stage)
+    return replace(pipeline, stages=tuple(stages), otlp_traces_endpoint=endpoint)
 
 
 def pipeline_for_model(

@@ -106,6 +106,7 @@ class _RaisingEngine:
         modalities: Any,
         params: Any,
         sampling_params_list: Any = None,
+        trace_headers: Any = None,
     ) -> AsyncIterator[OmniRequestOutput]:
         if "later" in prompt:
             yield OmniRequestOutput(request_id=request_id, text_delta="w ")

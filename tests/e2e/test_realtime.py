@@ -364,6 +364,7 @@ class _AheadEngine:
         modalities: Any,
         params: Any,
         sampling_params_list: Any = None,
+        trace_headers: Any = None,
     ) -> AsyncIterator[OmniRequestOutput]:
         try:
             for _ in range(self.OUTPUTS):

@@ -83,6 +83,7 @@ class FakeAsyncLLM:
         sampling_params: Any,
         request_id: str,
         lora_request: Any = None,
+        trace_headers: Any = None,
         priority: int = 0,
     ) -> AsyncIterator[RequestOutput]:
         if self.errored:

@@ -366,3 +366,24 @@ def test_a_utility_call_carries_its_arguments() -> None:
         "call_id": 4,
         "method": "stats",
     }
+
+
+class _Submit030(msgspec.Struct, tag_field="type", tag="submit", kw_only=True):
+    """0.30's submission: no ``trace``."""
+
+    request_id: str
+    prompt: str
+    params: dict[str, object] = {}
+
+
+def test_a_submission_carries_the_trace_context_and_old_peers_work() -> None:
+    headers = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    sent = m.encode(m.Submit(request_id="r", prompt="p", trace=headers))
+    received = m.decode(sent)
+    assert isinstance(received, m.Submit) and received.trace == headers
+    # A 0.30 stage reads the submission without it; a 0.30 orchestrator's
+    # submission has none (its stage span starts a trace of its own).
+    old = msgspec.msgpack.decode(sent, type=_Submit030)
+    assert (old.request_id, old.prompt) == ("r", "p")
+    legacy = m.decode(msgspec.msgpack.encode(_Submit030(request_id="r", prompt="p")))
+    assert isinstance(legacy, m.Submit) and legacy.trace is None

@@ -90,6 +90,7 @@ class FakeAsyncLLM:
         sampling_params: Any,
         request_id: str,
         lora_request: Any = None,
+        trace_headers: Any = None,
         priority: int = 0,
     ) -> AsyncIterator[Any]:
         self.sampling_params = sampling_params

@@ -83,6 +83,7 @@ from vllm_omni.engine.stage_worker import (
 from vllm_omni.errors import normalize
 from vllm_omni.errors.details import OmniErrorDetails
 from vllm_omni.stages import INLINE_KINDS, build_stage
+from vllm_omni.tracing.hooks import StageSpan, stage_span
 
 __all__ = ["Failure", "InlineStage", "runs_inline"]
 
@@ -227,11 +228,21 @@ class InlineStage:
     ) -> Failure | None:
         """Run one request, each payload to ``emit``: ``None`` once it
         finished, or its failure."""
-        stage_id = self.config.id
+        stage = self.config
+        stage_id = stage.id
         request_id = request.request_id
         hops.mark(request_id, "stage.started", stage_id)
         self._stats.submitted += 1
         self._active.add(request_id)
+        span = stage_span(
+            request_id,
+            request.trace,
+            stage_id=stage_id,
+            name=stage.name,
+            kind=stage.kind,
+        )
+        # The stage's engine continues this stage's span (a vllm stage).
+        request.trace = span.headers(request.trace)
         try:
             async for payload in self._stage.generate(request):
                 hops.mark(request_id, "stage.payload", stage_id)
@@ -239,12 +250,14 @@ class InlineStage:
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
+                span.abort()
                 raise  # an abort, a deadline, the consumer gone: no record
-            return self._fail(request_id, exc)
+            return self._fail(request_id, exc, span)
         except (KeyboardInterrupt, SystemExit):
+            span.abort()
             raise
         except BaseException as exc:  # every other failure becomes a record
-            return self._fail(request_id, exc)
+            return self._fail(request_id, exc, span)
         finally:
             # No longer active before the orchestrator hears of the end
             # (whoever reads it may ask for ``stats`` next), as a stage
@@ -253,14 +266,16 @@ class InlineStage:
             self._forget(request_id, asyncio.current_task())
             self._adopt_late_metrics()
         self._stats.completed += 1
+        span.finish()
         hops.mark(request_id, "stage.finished", stage_id)
         return None
 
-    def _fail(self, request_id: str, exc: BaseException) -> Failure:
+    def _fail(self, request_id: str, exc: BaseException, span: StageSpan) -> Failure:
         hops.mark(request_id, "stage.failing", self.config.id)
         self._stats.failed += 1
         details = normalize(exc, request_id=request_id, stage_id=self.config.id)
         log_failure(self.config.id, request_id, details, exc, self._log)
+        span.fail(details)
         hops.mark(request_id, "stage.failed", self.config.id)
         return details, exc
 

@@ -135,12 +135,18 @@ class Heartbeat(_Base, tag="heartbeat", omit_defaults=True):
 
 
 class Submit(_Base, tag="submit"):
-    """Orchestrator → stage: run one request through this stage."""
+    """Orchestrator → stage: run one request through this stage.
+
+    ``trace``: the W3C trace headers (``traceparent``, ``tracestate``) the
+    stage's span continues (``vllm_omni.tracing``); a 0.30 peer neither
+    sends nor reads it, and a stage without it starts a trace of its own.
+    """
 
     request_id: str
     prompt: str
     params: dict[str, Any] = {}
     inputs: Payload | None = None
+    trace: dict[str, str] | None = None
 
 
 class Output(_Base, tag="output"):

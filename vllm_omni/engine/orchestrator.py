@@ -147,6 +147,7 @@ from vllm_omni.errors.sanitize import sanitize_message
 from vllm_omni.errors.text import is_unicode
 from vllm_omni.outputs import DiffusionOutput, OmniRequestOutput, TextChoice
 from vllm_omni.stages import stage_params
+from vllm_omni.tracing.hooks import submission_headers
 
 __all__ = [
     "DEFAULT_MAX_NUM_QUEUED_REQS",
@@ -1315,10 +1316,12 @@ class Orchestrator:
         modalities: Iterable[str],
         params: Mapping[str, Any],
         stage_params: Mapping[int, Mapping[str, Any]] | None = None,
+        trace_headers: Mapping[str, str] | None = None,
     ) -> AsyncGenerator[OmniRequestOutput, None]:
         """Run one request along its route; see ``AsyncOmni.generate``.
         ``stage_params`` (stage id → the caller's checked entry) combine with
-        ``params`` for their stage (``_for_stage``)."""
+        ``params`` for their stage (``_for_stage``). Each submission carries
+        the request's trace headers (``tracing.hooks.submission_headers``)."""
         hops.mark(request_id, "orchestrator.generate")
         self._check_serving(request_id)
         wanted = frozenset(modalities)
@@ -1383,6 +1386,7 @@ class Orchestrator:
                     dict(params),
                     dict(stage_params or {}),
                     wanted,
+                    submission_headers(trace_headers),
                 )
             ) as outputs:
                 async for output in outputs:
@@ -1410,6 +1414,7 @@ class Orchestrator:
         params: dict[str, Any],
         stage_params: dict[int, Mapping[str, Any]],
         wanted: frozenset[str],
+        trace: dict[str, str] | None,
     ) -> AsyncGenerator[OmniRequestOutput, None]:
         final = OmniRequestOutput(request_id=request.request_id)
         inputs: m.Payload | None = None
@@ -1419,6 +1424,7 @@ class Orchestrator:
                 prompt=prompt,
                 params=_for_stage(params, stage_params.get(stage.id)),
                 inputs=inputs,
+                trace=trace,
             )
             self._submit(request, stage, submit)
             inline = self._handles[stage.id].inline

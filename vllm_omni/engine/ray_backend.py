@@ -72,6 +72,7 @@ from vllm_omni.errors import (
     OmniServiceUnavailableError,
 )
 from vllm_omni.errors.logs import install_log_redaction
+from vllm_omni.tracing.provider import configure, flush
 
 __all__ = [
     "RAY_FAILURES",
@@ -149,11 +150,13 @@ class _StageActor:
             format=f"%(levelname)s stage-{spec.stage.id} %(message)s",
         )
         install_log_redaction()
+        configure(spec.pipeline.otlp_traces_endpoint, process=f"stage-{spec.stage.id}")
         worker = StageWorker(spec)
         try:
             code = asyncio.run(worker.serve())
         finally:
             worker.close()
+            flush()
         if worker.orphaned:
             # Nobody will use or kill this actor: its orchestrator is gone or
             # cut off (its node partitioned). Its process must not linger on

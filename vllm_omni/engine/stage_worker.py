@@ -82,6 +82,8 @@ from vllm_omni.errors.logs import install_log_redaction
 from vllm_omni.errors.sanitize import redact_credentials, warm_rule_set
 from vllm_omni.stages import build_stage
 from vllm_omni.stages.base import Stage
+from vllm_omni.tracing.hooks import StageSpan, stage_span
+from vllm_omni.tracing.provider import configure, flush
 
 __all__ = [
     "LOG_FORMAT",
@@ -442,6 +444,16 @@ class StageWorker:
         hops.mark(request_id, "stage.started", self.stage_id)
         _request_id.set(request_id)  # this task's context only
         assert self._stage is not None
+        stage = self.spec.stage
+        span = stage_span(
+            request_id,
+            request.trace,
+            stage_id=stage.id,
+            name=stage.name,
+            kind=stage.kind,
+        )
+        # The stage's engine continues this stage's span (a vllm stage).
+        request.trace = span.headers(request.trace)
         try:
             fault = matching_fault(self._faults, request.prompt)
             if fault is not None:
@@ -457,30 +469,35 @@ class StageWorker:
             hops.mark(request_id, "stage.finished", self.stage_id)
             self._ended(request_id)
             self._stats.completed += 1
+            span.finish()
             self._send(
                 m.Output(request_id=request_id, stage_id=self.stage_id, finished=True)
             )
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
+                span.abort()
                 raise  # an abort, a deadline or shutdown: no record
-            self._fail(request_id, exc)
+            self._fail(request_id, exc, span)
         except (KeyboardInterrupt, SystemExit):
+            span.abort()
             raise
         except BaseException as exc:  # every other failure becomes a record
-            self._fail(request_id, exc)
+            self._fail(request_id, exc, span)
 
     def _ended(self, request_id: str) -> None:
         """The request's work is over: no longer active, before the message
         that says so leaves (whoever reads it may ask for ``stats`` next)."""
         self._tasks.pop(request_id, None)
 
-    def _fail(self, request_id: str, exc: BaseException) -> None:
-        """Send the request's error record; the real text stays in this log."""
+    def _fail(self, request_id: str, exc: BaseException, span: StageSpan) -> None:
+        """Send the request's error record (and put it on the request's stage
+        span); the real text stays in this log."""
         hops.mark(request_id, "stage.failing", self.stage_id)
         self._stats.failed += 1
         details = normalize(exc, request_id=request_id, stage_id=self.stage_id)
         log_failure(self.stage_id, request_id, details, exc)
+        span.fail(details)
         reason = fatal_reason(exc) if details.fatal else None
         record = m.ErrorMessage.from_details(details, reason=reason)
         hops.mark(request_id, "stage.failed", self.stage_id)
@@ -491,6 +508,7 @@ class StageWorker:
 
     def _die(self) -> None:
         logger.error("stage %d: fatal error, exiting", self.stage_id)
+        flush()  # the failed span, before the process is gone
         # Closing with LINGER flushes the fatal record before the process ends.
         self._linger_ms = _EXIT_LINGER_MS
         self.close()
@@ -678,7 +696,9 @@ def run_stage_process(spec: WorkerSpec) -> None:
     if spec.metrics_dir is not None:
         keep_in(spec.metrics_dir)  # before the engine creates its metrics
     warm_rule_set()  # the first failure's record must not wait for it
+    configure(spec.pipeline.otlp_traces_endpoint, process=f"stage-{spec.stage.id}")
     code = _serve(spec)
+    flush()  # os._exit skips atexit
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -705,6 +725,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configure_logging(args.stage_id, getattr(logging, args.log_level.upper()), True)
     pipeline = load_pipeline(args.pipeline)
+    # The operator's OTEL_* environment (or the pipeline's endpoint).
+    configure(pipeline.otlp_traces_endpoint, process=f"stage-{args.stage_id}")
     spec = WorkerSpec(
         stage=pipeline.stage(args.stage_id),
         pipeline=pipeline,
@@ -718,6 +740,7 @@ if __name__ == "__main__":
     code = main()
     # Skip the interpreter's teardown of vLLM and torch (seconds): a stage
     # that gave up on its orchestrator is gone when it says so.
+    flush()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -48,6 +48,7 @@ from vllm_omni.config import (
     liveness_settings,
     load_pipeline,
     pipeline_for_model,
+    with_traces_endpoint,
 )
 from vllm_omni.engine.orchestrator import (
     DEFAULT_MAX_NUM_QUEUED_REQS,
@@ -59,10 +60,14 @@ from vllm_omni.entrypoints.sampling_params_list import per_stage_params
 from vllm_omni.errors import (
     OmniEngineDeadError,
     VLLMValidationError,
+    for_caller,
     raise_for_caller,
 )
 from vllm_omni.errors.metrics import AbortReason
 from vllm_omni.outputs import OmniRequestOutput
+from vllm_omni.tracing.hooks import request_span
+from vllm_omni.tracing.provider import configure as configure_tracing
+from vllm_omni.tracing.provider import resolve_endpoint
 
 if TYPE_CHECKING:
     from vllm.sampling_params import SamplingParams
@@ -118,6 +123,11 @@ class AsyncOmni:
             ``heartbeat_timeout_s``, after which a silent stage is dead.
         max_num_queued_reqs: requests in flight before admission refuses
             with ``QueueOverflowError`` (upstream's ``--max-num-queued-reqs``).
+        otlp_traces_endpoint: export OpenTelemetry traces over OTLP there
+            (vLLM's ``--otlp-traces-endpoint``; default: the standard
+            ``OTEL_EXPORTER_OTLP_*`` environment, else no tracing): this
+            process, every stage process and every ``vllm`` stage's engine
+            (docs/observability/tracing.md).
     """
 
     def __init__(
@@ -137,11 +147,16 @@ class AsyncOmni:
         ray_probe_interval_s: float | None = None,
         ray_probe_timeout_s: float | None = None,
         max_num_queued_reqs: int = DEFAULT_MAX_NUM_QUEUED_REQS,
+        otlp_traces_endpoint: str | None = None,
         **engine_args: Any,
     ) -> None:
         self._finalizer: weakref.finalize | None = None
         try:
-            self.config = _pipeline(pipeline, model, engine_args)
+            endpoint = resolve_endpoint(otlp_traces_endpoint)
+            self.config = with_traces_endpoint(
+                _pipeline(pipeline, model, engine_args), endpoint
+            )
+            configure_tracing(endpoint, process="engine")
         except Exception as exc:
             raise_for_caller(exc)
         self.worker_backend = _backend(worker_backend or self.config.worker_backend)
@@ -262,8 +277,15 @@ class AsyncOmni:
         modalities: Iterable[str] | str = ("text",),
         params: Mapping[str, Any] | SamplingParams | None = None,
         sampling_params_list: Sequence[Any] | None = None,
+        trace_headers: Mapping[str, str] | None = None,
     ) -> AsyncGenerator[OmniRequestOutput, None]:
         """Run one request; yields outputs, the last with ``finished=True``.
+
+        ``trace_headers`` (as 0.30's and ``AsyncLLM.generate``'s): the W3C
+        ``traceparent``/``tracestate`` the request's trace continues; every
+        stage's span, and a ``vllm`` stage's engine span, join it. With
+        tracing on and no traced request calling, the request gets a root
+        span of its own, ``generate``, with the record of its failure.
 
         ``sampling_params_list`` (vllm-omni's per-stage list): entry *i* is a
         mapping of stage *i*'s parameters or upstream's ``SamplingParams``
@@ -318,6 +340,7 @@ class AsyncOmni:
         """
         if request_id is None:
             request_id = f"omni-{uuid.uuid4().hex}"
+        span = request_span(str(request_id), trace_headers)
         try:
             if not isinstance(request_id, str) or not request_id:
                 raise VLLMValidationError(
@@ -329,15 +352,24 @@ class AsyncOmni:
                 modalities=parse_modalities(modalities),
                 params=_plain_params(params),
                 stage_params=per_stage_params(self.config.stages, sampling_params_list),
+                trace_headers=span.headers(None) or trace_headers,
             )
             # aclosing: closing this generator aborts the request at once.
             async with contextlib.aclosing(stream) as outputs:
                 async for output in outputs:
                     yield output
         except Exception as exc:
-            raise_for_caller(
+            error = for_caller(
                 exc, request_id=request_id if isinstance(request_id, str) else None
             )
+            span.fail(error.details)  # type: ignore[attr-defined]
+            if error is exc:
+                raise
+            raise error from exc
+        except BaseException:
+            span.abort()
+            raise
+        span.finish()
 
     async def abort(
         self, request_id: str | Iterable[str], *, reason: AbortReason = "abort"

@@ -140,6 +140,7 @@ class Omni:
         timeout: float | None = ...,
         use_tqdm: bool | Callable[..., Any] = ...,
         py_generator: Literal[False] = ...,
+        trace_headers: Mapping[str, str] | None = ...,
     ) -> OmniRequestOutput: ...
 
     @overload
@@ -154,6 +155,7 @@ class Omni:
         timeout: float | None = ...,
         use_tqdm: bool | Callable[..., Any] = ...,
         py_generator: Literal[True],
+        trace_headers: Mapping[str, str] | None = ...,
     ) -> Iterator[OmniRequestOutput]: ...
 
     @overload
@@ -168,6 +170,7 @@ class Omni:
         timeout: float | None = ...,
         use_tqdm: bool | Callable[..., Any] = ...,
         py_generator: Literal[False] = ...,
+        trace_headers: Mapping[str, str] | None = ...,
     ) -> list[OmniRequestOutput]: ...
 
     def generate(
@@ -181,6 +184,7 @@ class Omni:
         timeout: float | None = None,
         use_tqdm: bool | Callable[..., Any] = True,
         py_generator: bool = False,
+        trace_headers: Mapping[str, str] | None = None,
     ) -> OmniRequestOutput | list[OmniRequestOutput] | Iterator[OmniRequestOutput]:
         """Run prompts to completion; the final output of each.
 
@@ -202,7 +206,9 @@ class Omni:
         or a list of strings, or a list that does not fit the pipeline,
         raise ``VLLMValidationError`` (``prompts[i]``,
         ``sampling_params_list[1].top_k``) before anything runs; a call
-        after ``close`` raises ``OmniServiceUnavailableError``. ``timeout``
+        after ``close`` raises ``OmniServiceUnavailableError``.
+        ``trace_headers`` (W3C ``traceparent``/``tracestate``): the trace
+        every prompt's request joins (``AsyncOmni.generate``). ``timeout``
         (seconds, for the whole call) raises ``OmniStageTimeoutError``
         (504). Whatever ends the wait early (timeout, Ctrl-C, any
         exception, an iterator closed early) aborts every request of the
@@ -218,7 +224,9 @@ class Omni:
             progress = _progress(use_tqdm, len(batch))
         except Exception as exc:  # an entry's 404 (an unknown voice) too
             raise_for_caller(exc)
-        call = _Call(batch, wanted, params, sampling_params_list, progress)
+        call = _Call(
+            batch, wanted, params, sampling_params_list, progress, trace_headers
+        )
         if py_generator:
             return self._iterate(call, raise_on_error, timeout)
         future = asyncio.run_coroutine_threadsafe(
@@ -350,6 +358,7 @@ class Omni:
                 modalities=call.modalities,
                 params=call.params,
                 sampling_params_list=call.sampling_params_list,
+                trace_headers=call.trace_headers,
             ):
                 final = output
         finally:
@@ -381,6 +390,7 @@ class _Call:
     params: Mapping[str, Any] | SamplingParams | None
     sampling_params_list: Sequence[Any] | None
     progress: Any
+    trace_headers: Mapping[str, str] | None = None
     request_ids: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:

@@ -29,6 +29,7 @@ from typing import Literal, get_args
 from prometheus_client import Counter, Gauge, Histogram
 
 from vllm_omni.errors.details import OmniErrorDetails
+from vllm_omni.errors.outcome import note
 
 __all__ = [
     "ABORTS_TOTAL",
@@ -74,6 +75,9 @@ RAW_FALLBACKS_TOTAL = Counter(
 
 
 def record_error(transport: Transport, details: OmniErrorDetails) -> None:
+    """Count one rendered error, and note it on its request's outcome
+    (``errors.outcome``: what a trace of the request shows)."""
+    note(details)
     ERRORS_TOTAL.labels(
         transport, details.category, details.error_type, str(details.status_code)
     ).inc()

@@ -35,6 +35,10 @@ translation of what upstream reports into what the stage worker normalizes:
   pooling outputs) becomes a record through ``from_request_error`` and is
   raised as the matching remote exception; an ``"error"`` finish reason is a
   ``GenerationError``, as upstream's serving layer treats it;
+- the submission's W3C trace headers go to ``AsyncLLM.generate`` as
+  ``trace_headers`` (this stage's span when the stage process traces, else
+  the caller's), so the engine's own ``llm_request`` span joins the
+  request's trace when the engine has ``otlp_traces_endpoint``;
 - an ``"abort"`` finish reason is an abort the server did not ask for (the
   server's own aborts cancel this generator and close the stream, so it never
   reads one): the engine dropped the request, as vLLM 0.34's fault tolerance
@@ -463,6 +467,7 @@ class VLLMStage(Stage):
             inputs.sampling,
             request.request_id,
             lora_request=lora,
+            trace_headers=request.trace,
             priority=inputs.priority,
         )
         # Token counts for the response's usage: deltas carry their own ids.

@@ -327,3 +327,23 @@ def test_the_server_runs_on_uvloop_with_its_start_up_heap_frozen(
         r"froze [1-9]\d* start-up objects out of GC",
         within_s=30,
     )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("--pipeline", "reference"),
+        ("org/model", "--max-model-len", "64"),
+    ],
+)
+def test_otlp_traces_endpoint_is_vllms_flag_and_applies_to_every_pipeline(
+    parser: Any, own: set[str], argv: tuple[str, ...]
+) -> None:
+    """vLLM's own ``--otlp-traces-endpoint``: never refused (a pipeline
+    without a vllm stage traces too); the engine gets it from the engine
+    client (``config.with_traces_endpoint``), with every stage."""
+    served = _resolve(parser, own, *argv, "--otlp-traces-endpoint", "http://c:4317")
+    assert served.args.otlp_traces_endpoint == "http://c:4317"
+    if not isinstance(served.pipeline, str):
+        (stage,) = served.pipeline.stages
+        assert "otlp_traces_endpoint" not in stage.options["engine_args"]

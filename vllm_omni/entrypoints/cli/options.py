@@ -13,7 +13,12 @@ from pathlib import Path
 
 from vllm_omni.entrypoints.openai.limits import add_limit_options
 
-__all__ = ["OWN_FRONTEND", "add_frontend_options", "add_omni_options"]
+__all__ = [
+    "OWN_FRONTEND",
+    "add_frontend_options",
+    "add_omni_options",
+    "add_tracing_options",
+]
 
 # Frontend options vLLM's serve parser has too; the light parser needs them to
 # check them (and bind the port) before vLLM is imported.
@@ -55,6 +60,20 @@ def add_frontend_options(parser: argparse.ArgumentParser) -> None:
         "--api-key",
         default=default_api_key(),
         help="require 'Authorization: Bearer KEY' (default: $VLLM_OMNI_API_KEY)",
+    )
+
+
+def add_tracing_options(parser: argparse.ArgumentParser) -> None:
+    """``--otlp-traces-endpoint`` as the light parser knows it: vLLM's flag,
+    with vLLM's meaning (its own parser defines it for a model's command
+    line; it is never refused there)."""
+    parser.add_argument(
+        "--otlp-traces-endpoint",
+        default=None,
+        help="export OpenTelemetry traces over OTLP to this URL: the server, "
+        "every stage and every vllm stage's engine (protocol: "
+        "$OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, grpc by default; default: the "
+        "OTEL_EXPORTER_OTLP_* environment, else no tracing)",
     )
 
 

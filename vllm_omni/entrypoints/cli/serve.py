@@ -29,7 +29,11 @@ from typing import NoReturn
 import uvloop
 
 from vllm_omni.config import PipelineConfig
-from vllm_omni.entrypoints.cli.options import add_frontend_options, add_omni_options
+from vllm_omni.entrypoints.cli.options import (
+    add_frontend_options,
+    add_omni_options,
+    add_tracing_options,
+)
 
 __all__ = ["main", "make_parser", "preflight"]
 
@@ -62,6 +66,7 @@ def make_parser() -> argparse.ArgumentParser:
     )
     add_frontend_options(parser)
     add_omni_options(parser)
+    add_tracing_options(parser)
     return parser
 
 
@@ -126,6 +131,7 @@ async def _serve(args: argparse.Namespace) -> int:
             pipeline=args.pipeline,
             worker_backend=args.worker_backend,
             ray_address=args.ray_address,
+            otlp_traces_endpoint=args.otlp_traces_endpoint,
             **limits,
         )
     )
@@ -210,6 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from vllm_omni.engine.orchestrator import StageStartupError
     from vllm_omni.engine.processes import start_launcher
     from vllm_omni.errors import VLLMValidationError
+    from vllm_omni.tracing.provider import flush as flush_traces
 
     # The stage worker (and with it vLLM) is imported and no thread runs yet:
     # the stage launcher is a fork of this process and imports nothing.
@@ -230,7 +237,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("vllm_omni.server").exception("server failed")
         code = 1
     # The server and the stages are already shut down; skip the slow
-    # interpreter teardown of torch/vLLM so a dead engine frees the port fast.
+    # interpreter teardown of torch/vLLM so a dead engine frees the port fast
+    # (after the last spans left: os._exit skips atexit).
+    flush_traces()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -41,13 +41,15 @@ from vllm_omni.entrypoints.openai.limits import RequestLimits
 from vllm_omni.entrypoints.openai.unicode import require_unicode
 from vllm_omni.errors.http import ERROR_RESPONSES, install_error_handling
 from vllm_omni.errors.sanitize import warm_rule_set
+from vllm_omni.tracing.provider import enabled as tracing_enabled
 from vllm_omni.upstream import launcher
 
 __all__ = ["build_app", "init_app_state", "route_modules", "run_server"]
 
 logger = logging.getLogger("vllm_omni.server")
 
-# Operational endpoints the instrumentator leaves out, as vLLM does.
+# Operational endpoints the instrumentator leaves out, as vLLM does (and
+# the traces too).
 _UNMETERED = ["/metrics", "/health"]
 _EXIT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _UVICORN_WS_MAX_SIZE = 16 * 1024 * 1024
@@ -139,6 +141,11 @@ def build_app(args: argparse.Namespace) -> FastAPI:
         max_request_bytes=app.state.limits.max_request_bytes,
         max_ws_message_bytes=app.state.limits.max_ws_message_bytes,
     )
+    if tracing_enabled():
+        # Only then: with tracing off nothing of OpenTelemetry is imported.
+        from vllm_omni.tracing.asgi import install_tracing
+
+        install_tracing(app, excluded=_UNMETERED)
     origins = getattr(args, "allowed_origins", None)
     if origins:
         # Outermost, as in ``vllm serve``: error responses carry CORS headers too.

@@ -52,6 +52,7 @@ from vllm_omni.errors.http import details_for_exception
 from vllm_omni.errors.metrics import AbortContext, set_abort_context
 from vllm_omni.errors.normalizer import Mode
 from vllm_omni.errors.render import job_error
+from vllm_omni.tracing.hooks import job_span
 
 if TYPE_CHECKING:
     from vllm_omni.entrypoints.async_omni import AsyncOmni
@@ -460,6 +461,10 @@ class VideoJobs:
         # so that request's client going away is neither the job's abort nor
         # its abort reason (the task inherited the request's context).
         set_abort_context(AbortContext())
+        with job_span(job_id, "video"):
+            await self._run_job(job_id, prompt, params)
+
+    async def _run_job(self, job_id: str, prompt: str, params: dict[str, Any]) -> None:
         try:
             async with self._slots:
                 if not await self._call(self._store.start, job_id):

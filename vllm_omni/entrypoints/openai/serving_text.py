@@ -344,6 +344,8 @@ async def _answer(
         modalities=modalities,
         params=params,
         sampling_params_list=body.sampling_params_list,
+        # The client's traceparent, as ``vllm serve`` passes it to its engine.
+        trace_headers=request.headers,
     )
     if body.stream:
         return await _stream(request, stream, shape, body, prompt, engine.model_name)
