@@ -591,6 +591,8 @@ def _narrow_chat(doc: Schema, pipeline: _Pipeline) -> None:
             },
         ),
         "audio": lambda s: _like(s, audio_options),
+        "voice": lambda s: _like(s, audio_options["properties"]["voice"]),
+        "speaker": lambda s: _like(s, audio_options["properties"]["voice"]),
     }
     if kind == "vllm":
         # No tool parser runs: tool_choice none only, which tools must name
@@ -601,7 +603,14 @@ def _narrow_chat(doc: Schema, pipeline: _Pipeline) -> None:
     with_audio = {"type": "array", "contains": {"const": "audio"}}
     rules = [
         _STREAM_OPTIONS_NEED_STREAM,
-        _if_set("audio", {"type": "object"}, _requires("modalities", with_audio)),
+        *(
+            _if_set(name, value, _requires("modalities", with_audio))
+            for name, value in (
+                ("audio", {"type": "object"}),
+                ("voice", {"type": "string"}),
+                ("speaker", {"type": "string"}),
+            )
+        ),
         _if_set("modalities", with_audio, {"properties": {"n": {"enum": [1, None]}}}),
     ]
     if kind == "vllm":
@@ -669,7 +678,8 @@ def _image_domains(pipeline: _Pipeline, *, form: bool) -> Domains:
                 "seed": lambda s: _like(s, _integer(*image_stage.SEED_RANGE)),
             }
         ),
-        **_entries_domain(pipeline),
+        # A form's list is JSON text, checked against the stages by the route.
+        **(_entries_domain(pipeline) if not form else {}),
     }
 
 
@@ -702,14 +712,44 @@ def _narrow_image_edits(doc: Schema, pipeline: _Pipeline) -> None:
     # FastAPI reads an empty form field as absent: the field's default.
     required = set(schema.get("required", ()))
     properties = schema["properties"]
+    rules = ROUTES["image_edits"][0]
     for name, narrowed in properties.items():
         if name not in required:
-            empty = {"const": ""}
+            empty: Schema = {"const": ""}
+            if narrowed is False and name in rules:
+                # Refused, and without a default: only the empty field.
+                empty["description"] = f"Refused on this pipeline: {rules[name].how}."
             properties[name] = (
                 empty if narrowed is False else {"anyOf": [narrowed, empty]}
             )
     content = _operation(doc, "image_edits")["requestBody"]["content"][form]
     content["encoding"] = {"image": {"contentType": ", ".join(IMAGE_TYPES)}}
+
+
+def _video_030_domains(pipeline: _Pipeline, form: bool) -> Domains:
+    """vllm-omni's ``width``, ``height``, ``fps`` and ``seed``: integers in
+    the video stage's ranges (a form's as digits)."""
+    low, high = video_stage.SIZE_RANGE
+    ranges = {
+        "width": (low, high, 4),
+        "height": (low, high, 4),
+        "fps": (*video_stage.FPS_RANGE, 2),
+        "seed": (*image_stage.SEED_RANGE, 10),
+    }
+    domains: Domains = {}
+    for name, (first, last, digits) in ranges.items():
+        step = {"multipleOf": SIZE_STEP} if name in ("width", "height") else {}
+        if form:
+            pattern = decimal_pattern(first, last, int_digits=digits, frac_digits=0)
+            what = f"an integer from {first} to {last}"
+            if step:
+                what += f", a multiple of {SIZE_STEP}"
+            text = {"type": "string", "pattern": pattern, "description": what}
+            domains[name] = lambda s, text=text: text
+        else:
+            number = {**_integer(first, last), **step}
+            domains[name] = lambda s, number=number: _like(s, number)
+    return domains
 
 
 def _narrow_videos(doc: Schema, pipeline: _Pipeline) -> None:
@@ -732,7 +772,8 @@ def _narrow_videos(doc: Schema, pipeline: _Pipeline) -> None:
                 else {"anyOf": [_number(low, high), seconds_text, NULL]}
             ),
             "size": lambda s, form=form: size if form else _like(s, size),
-            **_entries_domain(pipeline),
+            **pipeline.of_stage(_video_030_domains(pipeline, form)),
+            **(_entries_domain(pipeline) if not form else {}),
         }
         schema = _body(doc, "videos", media_type)
         _narrow_fields(schema, "videos", pipeline.stages["video"], domains, form=form)

@@ -68,8 +68,9 @@ async def chat(
     params = _stage_params(
         _Chat, body, raw, stage, max_completion_tokens=body.max_completion_tokens
     )
-    if body.audio is not None:
-        params["voice"] = body.audio.voice
+    voice = _voice(body)
+    if voice is not None:
+        params["voice"] = voice
     return await _answer(request, engine, _Chat, body, prompt, modalities, params)
 
 
@@ -158,11 +159,35 @@ def _modalities(body: ChatCompletionRequest) -> list[str]:
         raise VLLMValidationError(
             "n > 1 is not supported with audio output", parameter="n"
         )
-    if body.audio is not None and "audio" not in modalities:
-        raise VLLMValidationError(
-            'audio options need "audio" in modalities', parameter="audio"
-        )
+    for name in ("audio", "voice", "speaker"):
+        if getattr(body, name) is not None and "audio" not in modalities:
+            raise VLLMValidationError(
+                f'{name} needs "audio" in modalities', parameter=name
+            )
     return modalities
+
+
+def _voice(body: ChatCompletionRequest) -> str | None:
+    """The talker's voice: ``audio.voice``, or vllm-omni's ``voice`` or
+    ``speaker``; two of them that name different voices are a 400 on the
+    second."""
+    given = [
+        (name, value)
+        for name, value in (
+            ("audio.voice", body.audio.voice if body.audio else None),
+            ("voice", body.voice),
+            ("speaker", body.speaker),
+        )
+        if value is not None
+    ]
+    explicit = body.audio is not None and "voice" in body.audio.model_fields_set
+    chosen = [(n, v) for n, v in given if n != "audio.voice" or explicit]
+    for name, value in chosen[1:]:
+        if value != chosen[0][1]:
+            raise VLLMValidationError(
+                f"{name} names another voice than {chosen[0][0]}", parameter=name
+            )
+    return chosen[0][1] if chosen else (given[0][1] if given else None)
 
 
 def _stage_params(
