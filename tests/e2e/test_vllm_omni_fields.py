@@ -220,16 +220,18 @@ def test_the_speaker_sets_the_talkers_voice(client: openai.OpenAI) -> None:
             client, extra_body={name: "nova", "sampling_params_list": entries}
         )
         assert given == nova != alloy
-    # The same voice twice is one voice; two voices are a 400 on the second.
-    same = {"speaker": "nova", "voice": "nova"}
-    assert _speak(client, audio={"voice": "nova", "format": "wav"}, extra_body=same)
-    with pytest.raises(openai.BadRequestError) as caught:
-        _speak(
-            client,
-            audio={"voice": "nova", "format": "wav"},
-            extra_body={"speaker": "echo"},
-        )
-    assert _param(caught) == "speaker"
+    # The voice is given once: a second is a 400 on it, even the same voice.
+    for audio, extra, second in (
+        ({"voice": "nova", "format": "wav"}, {"speaker": "nova"}, "speaker"),
+        ({"voice": "nova", "format": "wav"}, {"voice": "echo"}, "voice"),
+        (None, {"voice": "nova", "speaker": "nova"}, "speaker"),
+    ):
+        with pytest.raises(openai.BadRequestError) as caught:
+            _speak(client, **({"audio": audio} if audio else {}), extra_body=extra)
+        assert _param(caught) == second
+    # audio without a voice of its own takes the voice or speaker given.
+    wav = {"format": "wav"}
+    assert _speak(client, audio=wav, extra_body={"speaker": "nova"}) == nova
     # A voice outside the talker's (as audio.voice: the document's enum).
     with pytest.raises(openai.BadRequestError) as caught:
         _speak(client, extra_body={"speaker": "nobody"})
@@ -532,6 +534,18 @@ def test_edit_fields_030(http: httpx.Client) -> None:
 # -- /openapi.json ------------------------------------------------------------------
 
 
+def chat_schema_rules(document: dict[str, Any]) -> bool:
+    """The chat body's cross-field rules: a voice given once, and a nested
+    extra_body that carries nothing."""
+    chat = document["components"]["schemas"]["ChatCompletionRequest"]
+    rules = json.dumps(chat["allOf"])
+    nested = chat["properties"]["extra_body"]["anyOf"][0]
+    return '"speaker": {"type": "null"}' in rules and nested == {
+        "type": "object",
+        "additionalProperties": {"type": "null"},
+    }
+
+
 def test_openapi_describes_the_030_fields(http: httpx.Client) -> None:
     document = http.get("/openapi.json").json()
     chat = document["components"]["schemas"]["ChatCompletionRequest"]["properties"]
@@ -544,9 +558,12 @@ def test_openapi_describes_the_030_fields(http: httpx.Client) -> None:
     assert body["fps"]["anyOf"][0]["maximum"] == 30
     assert body["width"]["anyOf"][0]["multipleOf"] == 8
     assert body["generate_sound"]["enum"] == [None, False]
-    form = create["multipart/form-data"]["schema"]["properties"]
-    assert "pattern" in form["seed"]
-    assert form["num_frames"] is False
+    form = create["multipart/form-data"]["schema"]
+    assert "pattern" in form["properties"]["seed"]
+    assert form["properties"]["num_frames"] is False
+    assert form["properties"]["sampling_params_list"]["format"] == "json"
+    assert form["allOf"][1]["then"]["required"] == ["width"]
+    assert chat_schema_rules(document)
     edits = document["paths"]["/v1/images/edits"]["post"]["requestBody"]["content"]
     ref = edits["multipart/form-data"]["schema"]["$ref"].rsplit("/", 1)[-1]
     edit_form = document["components"]["schemas"][ref]["properties"]

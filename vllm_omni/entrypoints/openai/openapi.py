@@ -593,6 +593,10 @@ def _narrow_chat(doc: Schema, pipeline: _Pipeline) -> None:
         "audio": lambda s: _like(s, audio_options),
         "voice": lambda s: _like(s, audio_options["properties"]["voice"]),
         "speaker": lambda s: _like(s, audio_options["properties"]["voice"]),
+        # Nothing is read from a nested extra_body: only empty (or nulls).
+        "extra_body": lambda s: _like(
+            s, {"type": "object", "additionalProperties": NULL}
+        ),
     }
     if kind == "vllm":
         # No tool parser runs: tool_choice none only, which tools must name
@@ -612,6 +616,16 @@ def _narrow_chat(doc: Schema, pipeline: _Pipeline) -> None:
             )
         ),
         _if_set("modalities", with_audio, {"properties": {"n": {"enum": [1, None]}}}),
+    ]
+    # The voice is given once: audio.voice, voice or speaker.
+    no_audio_voice = {"anyOf": [NULL, {"properties": {"voice": False}}]}
+    string = {"type": "string"}
+    rules += [
+        _if_set("voice", string, {"properties": {"speaker": NULL}}),
+        *(
+            _if_set(name, string, {"properties": {"audio": no_audio_voice}})
+            for name in ("voice", "speaker")
+        ),
     ]
     if kind == "vllm":
         rules.append(_if_set("tools", {"type": "array"}, {"required": ["tool_choice"]}))
@@ -722,6 +736,7 @@ def _narrow_image_edits(doc: Schema, pipeline: _Pipeline) -> None:
             properties[name] = (
                 empty if narrowed is False else {"anyOf": [narrowed, empty]}
             )
+    properties["sampling_params_list"]["anyOf"][0]["format"] = "json"
     content = _operation(doc, "image_edits")["requestBody"]["content"][form]
     content["encoding"] = {"image": {"contentType": ", ".join(IMAGE_TYPES)}}
 
@@ -743,6 +758,11 @@ def _video_030_domains(pipeline: _Pipeline, form: bool) -> Domains:
             pattern = decimal_pattern(first, last, int_digits=digits, frac_digits=0)
             what = f"an integer from {first} to {last}"
             if step:
+                # The multiples, spelled out (a regex cannot count).
+                sides = "|".join(
+                    str(side) for side in range(first, last + 1, SIZE_STEP)
+                )
+                pattern = f"^{BLANKS}0{{0,{digits - 1}}}(?:{sides}){BLANKS}$"
                 what += f", a multiple of {SIZE_STEP}"
             text = {"type": "string", "pattern": pattern, "description": what}
             domains[name] = lambda s, text=text: text
@@ -777,6 +797,18 @@ def _narrow_videos(doc: Schema, pipeline: _Pipeline) -> None:
         }
         schema = _body(doc, "videos", media_type)
         _narrow_fields(schema, "videos", pipeline.stages["video"], domains, form=form)
+        # width and height go together, and not with size.
+        given = {"type": "string"} if form else {"type": ["integer", "number"]}
+        absent = (
+            {"not": {"required": ["size"]}} if form else {"properties": {"size": NULL}}
+        )
+        schema["allOf"] = [
+            _if_set("width", given, {"allOf": [_requires("height", given), absent]}),
+            _if_set("height", given, _requires("width", given)),
+        ]
+        if form:
+            # JSON text: drawn as such by the fuzz (``format``).
+            schema["properties"]["sampling_params_list"]["format"] = "json"
 
 
 _NARROW: dict[str, Callable[[Schema, _Pipeline], None]] = {

@@ -64,11 +64,11 @@ async def chat(
     check_prompt(request, prompt, "messages")
     stage = _checked_stage(request, engine, "chat", body)
     modalities = _modalities(body)
+    voice = _voice(body)
     await check_body(request, "chat", raw)
     params = _stage_params(
         _Chat, body, raw, stage, max_completion_tokens=body.max_completion_tokens
     )
-    voice = _voice(body)
     if voice is not None:
         params["voice"] = voice
     return await _answer(request, engine, _Chat, body, prompt, modalities, params)
@@ -169,25 +169,30 @@ def _modalities(body: ChatCompletionRequest) -> list[str]:
 
 def _voice(body: ChatCompletionRequest) -> str | None:
     """The talker's voice: ``audio.voice``, or vllm-omni's ``voice`` or
-    ``speaker``; two of them that name different voices are a 400 on the
-    second."""
+    ``speaker``, given once (a second is a 400 on it, as the document says)."""
+    audio = body.audio
     given = [
         (name, value)
         for name, value in (
-            ("audio.voice", body.audio.voice if body.audio else None),
+            (
+                "audio.voice",
+                audio.voice if audio and "voice" in audio.model_fields_set else None,
+            ),
             ("voice", body.voice),
             ("speaker", body.speaker),
         )
         if value is not None
     ]
-    explicit = body.audio is not None and "voice" in body.audio.model_fields_set
-    chosen = [(n, v) for n, v in given if n != "audio.voice" or explicit]
-    for name, value in chosen[1:]:
-        if value != chosen[0][1]:
-            raise VLLMValidationError(
-                f"{name} names another voice than {chosen[0][0]}", parameter=name
-            )
-    return chosen[0][1] if chosen else (given[0][1] if given else None)
+    if len(given) > 1:
+        name = given[1][0]
+        raise VLLMValidationError(
+            f"{name} cannot be honoured: the voice is given once "
+            f"(here also as {given[0][0]})",
+            parameter=name,
+        )
+    if given:
+        return given[0][1]
+    return audio.voice if audio is not None else None
 
 
 def _stage_params(

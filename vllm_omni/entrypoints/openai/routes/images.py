@@ -16,7 +16,7 @@ import contextlib
 import time
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, File, Form, Request, UploadFile
+from fastapi import APIRouter, Form, Request, UploadFile
 
 from vllm_omni.config import StageConfig
 from vllm_omni.entrypoints.async_omni import AsyncOmni
@@ -141,11 +141,12 @@ async def edit_images(
     sys_type: str | None = Form(None),
     system_prompt: str | None = Form(None),
     return_stage_metrics: str | None = Form(None),
-    mask_image: Annotated[UploadFile | None, File()] = None,
-    reference_image: Annotated[UploadFile | None, File()] = None,
-    image_array: Annotated[list[UploadFile] | None, File(alias="image[]")] = None,
-    url: Annotated[list[str] | None, Form()] = None,
-    url_array: Annotated[list[str] | None, Form(alias="url[]")] = None,
+    # A file or text: read from the form as given (and refused).
+    mask_image: Annotated[Any, Form()] = None,
+    reference_image: Annotated[Any, Form()] = None,
+    image_array: Annotated[Any, Form(alias="image[]")] = None,
+    url: str | None = Form(None),
+    url_array: str | None = Form(None, alias="url[]"),
 ) -> dict[str, Any]:
     engine = engine_of(request)
     await engine.check_health()
