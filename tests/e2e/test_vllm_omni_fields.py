@@ -162,6 +162,22 @@ def test_every_video_field_030_has_a_rule() -> None:
     assert named - set(fields.VIDEOS) == set()
 
 
+@pytest.mark.parametrize(
+    ("relative", "model", "table"),
+    [
+        ("protocol/images.py", "ImageGenerationRequest", fields.IMAGE_GENERATIONS),
+        ("protocol/audio.py", "OpenAICreateSpeechRequest", fields.SPEECH),
+    ],
+    ids=["image_generations", "speech"],
+)
+def test_every_json_field_030_has_a_rule(
+    relative: str, model: str, table: dict[str, fields.FieldRule]
+) -> None:
+    names = _model_fields(f"entrypoints/openai/{relative}", model)
+    # speaker is voice's other name (an alias of the model's voice field).
+    assert set(names) - {"speaker"} - set(table) == set()
+
+
 def test_every_edit_field_030_has_a_rule() -> None:
     form = _form_names("entrypoints/openai/api_server.py", "edit_images")
     assert set(form) - {"raw_request"} - set(fields.IMAGE_EDITS) == set()
