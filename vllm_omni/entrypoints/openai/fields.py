@@ -10,9 +10,12 @@ that the owning stage does not honour, with the reason. A 200 therefore
 means every field the client set took effect.
 
 A field the table does not list is refused: an upstream release that adds a
-request field is refused until someone decides how it is honoured. Fields
-outside the API (vendor extras) are accepted and listed once in a log line,
-as vLLM's ``OpenAIBaseModel`` does (``log_ignored``).
+request field is refused until someone decides how it is honoured. vllm-omni
+0.30's own fields are in the tables, honoured where the route runs the stage
+that can do what they ask; a nested one (chat's ``extra_body``) is checked
+key by key as ``extra_body.<key>``. Fields outside the API (vendor extras)
+are accepted and listed once in a log line, as vLLM's ``OpenAIBaseModel``
+does (``log_ignored``).
 
 ``markdown`` renders the table for ``docs/serving.md``; a test keeps the two
 equal. This module must not import vLLM: the request models live in
