@@ -76,6 +76,22 @@ for _media_type in IMAGE_TYPES:
     )
 
 
+# A form's ``sampling_params_list`` is JSON text (``format: json``): drawn as
+# lists of per-stage entries the reference pipeline honours.
+schemathesis.openapi.format(
+    "json",
+    st.sampled_from(
+        [
+            "[]",
+            "null",
+            "[null]",
+            '[null, {"max_tokens": 2}]',
+            '[{}, null, {"voice": "echo"}, null, {"seed": 3}, {"fps": 4}]',
+        ]
+    ),
+)
+
+
 def _operations(omni_server: OmniServer) -> list[APIOperation]:
     schema = schemathesis.openapi.from_url(
         omni_server.base_url + "/openapi.json", headers=omni_server.headers()

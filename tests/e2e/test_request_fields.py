@@ -148,9 +148,24 @@ CHAT_HONOURED: dict[str, tuple[dict[str, Any], Check]] = {
         {"sampling_params_list": [None, {"max_tokens": 2}]},
         lambda r: _content(r) == "You said:" or pytest.fail(r.text),
     ),
+    # vllm-omni's voice fields: the talker's voice, as audio.voice.
+    "voice": (
+        {"modalities": ["text", "audio"], "voice": "nova"},
+        lambda r: _audio(r) == _NOVA or pytest.fail(r.text),
+    ),
+    "speaker": (
+        {"modalities": ["text", "audio"], "speaker": "nova"},
+        lambda r: _audio(r) == _NOVA or pytest.fail(r.text),
+    ),
 }
 _SEEDED = ""  # filled by the fixture: the reply at seed 11, temperature 1
 _ALLOY = ""  # filled by the fixture: the audio with the default voice
+_NOVA = ""  # filled by the fixture: the audio with audio.voice "nova"
+
+
+def _audio(response: httpx.Response) -> str:
+    return str(_json(response)["choices"][0]["message"]["audio"]["data"])
+
 
 # -- chat: fields refused by the reference pipeline (value → the param) --------
 
@@ -266,6 +281,43 @@ CHAT_REFUSED: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "stream_interval": ({"stream_interval": 2}, "stream_interval"),
     "lora": ({"lora": "adapter"}, "lora"),
+    # vllm-omni 0.30's chat extras that no reference stage honours.
+    "language": ({"language": "English"}, "language"),
+    "instructions": ({"instructions": "softly"}, "instructions"),
+    "ref_audio": ({"ref_audio": "data:audio/wav;base64,AAAA"}, "ref_audio"),
+    "additional_information": (
+        {"additional_information": {"speaker": ["nova"]}},
+        "additional_information",
+    ),
+    # A nested extra_body (vllm-omni's image clients post one): each key
+    # named as extra_body.<key>, with the reason the route refuses it.
+    "extra_body": ({"extra_body": {"height": 1024, "seed": 42}}, "extra_body.height"),
+    "height": ({"height": 1024}, "height"),
+    "width": ({"width": 1024}, "width"),
+    "size": ({"size": "1024x1024"}, "size"),
+    "num_outputs_per_prompt": (
+        {"num_outputs_per_prompt": 1},
+        "num_outputs_per_prompt",
+    ),
+    "quality": ({"quality": "high"}, "quality"),
+    "num_inference_steps": ({"num_inference_steps": 50}, "num_inference_steps"),
+    "guidance_scale": ({"guidance_scale": 4.5}, "guidance_scale"),
+    "guidance_scale_2": ({"guidance_scale_2": 4.5}, "guidance_scale_2"),
+    "true_cfg_scale": ({"true_cfg_scale": 4.0}, "true_cfg_scale"),
+    "cfg_scale": ({"cfg_scale": 4.0}, "cfg_scale"),
+    "num_frames": ({"num_frames": 16}, "num_frames"),
+    "layers": ({"layers": 2}, "layers"),
+    "resolution": ({"resolution": 640}, "resolution"),
+    "negative_prompt": ({"negative_prompt": "blurry"}, "negative_prompt"),
+    "generator_device": ({"generator_device": "cpu"}, "generator_device"),
+    "strength": ({"strength": 0.5}, "strength"),
+    "bot_task": ({"bot_task": "think"}, "bot_task"),
+    "system_prompt": ({"system_prompt": "be bold"}, "system_prompt"),
+    "use_system_prompt": ({"use_system_prompt": "en_vanilla"}, "use_system_prompt"),
+    "sys_type": ({"sys_type": "en_vanilla"}, "sys_type"),
+    "extra_args": ({"extra_args": {"a": 1}}, "extra_args"),
+    "extra_params": ({"extra_params": {"a": 1}}, "extra_params"),
+    "return_stage_metrics": ({"return_stage_metrics": True}, "return_stage_metrics"),
 }
 
 
@@ -278,12 +330,13 @@ def http(omni_server: OmniServer) -> httpx.Client:
 
 @pytest.fixture(scope="module", autouse=True)
 def _references(http: httpx.Client) -> None:
-    global _SEEDED, _ALLOY
+    global _SEEDED, _ALLOY, _NOVA
     _SEEDED = _content(http.post(CHAT, json=_chat({"seed": 11, "temperature": 1.0})))
     assert _SEEDED != GREEDY
-    _ALLOY = _json(http.post(CHAT, json=_chat({"modalities": ["text", "audio"]})))[
-        "choices"
-    ][0]["message"]["audio"]["data"]
+    _ALLOY = _audio(http.post(CHAT, json=_chat({"modalities": ["text", "audio"]})))
+    nova = {"modalities": ["text", "audio"], "audio": {"voice": "nova"}}
+    _NOVA = _audio(http.post(CHAT, json=_chat(nova)))
+    assert _NOVA != _ALLOY
 
 
 def _chat(extra: dict[str, Any]) -> dict[str, Any]:

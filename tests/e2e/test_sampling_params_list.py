@@ -233,24 +233,60 @@ def test_images_honour_the_image_entry(client: openai.OpenAI) -> None:
     assert info.value.body["param"] == "sampling_params_list[4].size"  # type: ignore[index]
 
 
-def test_a_form_is_refused_the_list_by_name(omni_server: OmniServer) -> None:
-    """Image edits and video forms: a form field is text; the list is JSON's."""
+def test_a_form_honours_the_list_as_json_text(omni_server: OmniServer) -> None:
+    """Image edits and video forms: a form field is text, so the list is its
+    JSON text; text that is not JSON is a 400 naming the field."""
     buffer = io.BytesIO()
     Image.new("RGB", (64, 64), "red").save(buffer, "PNG")
     files = {"image": ("in.png", buffer.getvalue(), "image/png")}
-    entries = '[null,null,null,null,{"n":2}]'
+    entries = json.dumps([None] * 4 + [{"n": 2}] + [{"fps": 3, "seconds": 1}])
     with _http(omni_server) as http:
         edit = http.post(
             "/v1/images/edits",
             files=files,
             data={"prompt": "bluer", "sampling_params_list": entries},
         )
-        video = http.post(
+        assert edit.status_code == 200, edit.text
+        assert len(edit.json()["data"]) == 2
+        job = http.post(
             "/v1/videos", data={"prompt": "waves", "sampling_params_list": entries}
         )
-    for refused in (edit, video):
-        assert refused.status_code == 400, refused.text
-        assert refused.json()["error"]["param"] == "sampling_params_list"
+        assert job.status_code == 200, job.text
+        assert _video_frames(http, job.json()["id"]) == 3
+        refused = [
+            http.post(
+                "/v1/images/edits",
+                files=files,
+                data={"prompt": "bluer", "sampling_params_list": "[null,"},
+            ),
+            http.post(
+                "/v1/videos", data={"prompt": "waves", "sampling_params_list": "n=2"}
+            ),
+            http.post(
+                "/v1/images/edits",
+                files=files,
+                data={"prompt": "bluer", "sampling_params_list": '[{"n": 2}]'},
+            ),
+        ]
+    for response, param in zip(
+        refused,
+        ["sampling_params_list", "sampling_params_list", "sampling_params_list[0].n"],
+        strict=True,
+    ):
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == param
+
+
+def _video_frames(http: httpx.Client, video_id: str) -> int:
+    """The frame count of a video job's GIF, once the job completed."""
+    deadline = time.monotonic() + 30
+    while http.get(f"/v1/videos/{video_id}").json()["status"] != "completed":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    content = http.get(f"/v1/videos/{video_id}/content")
+    assert content.status_code == 200
+    with Image.open(io.BytesIO(content.content)) as gif:
+        return int(gif.n_frames)
 
 
 def test_video_create_checks_the_list_before_the_job(omni_server: OmniServer) -> None:
@@ -295,12 +331,4 @@ def test_a_video_job_runs_with_the_entry(omni_server: OmniServer) -> None:
             "/v1/videos", json={"prompt": "waves", "sampling_params_list": entries}
         )
         assert job.status_code == 200, job.text
-        video_id = job.json()["id"]
-        deadline = time.monotonic() + 30
-        while http.get(f"/v1/videos/{video_id}").json()["status"] != "completed":
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        content = http.get(f"/v1/videos/{video_id}/content")
-    assert content.status_code == 200
-    with Image.open(io.BytesIO(content.content)) as gif:
-        assert gif.n_frames == 3
+        assert _video_frames(http, job.json()["id"]) == 3

@@ -145,3 +145,70 @@ def test_a_wrong_engine_argument_is_named(api: type, case: str) -> None:
 def test_a_wrong_positional_call_is_the_type_error_itself() -> None:
     with pytest.raises(TypeError, match="positional"):
         Omni("reference", "extra")  # type: ignore[call-arg]
+
+
+# -- AsyncOmni.generate, called as 0.30 (and vLLM's AsyncLLM) calls it ---------------
+
+
+async def _texts(stream: Any) -> list[str]:
+    return [output.text async for output in stream if output.finished]
+
+
+async def test_async_generate_takes_0_30_positional_arguments(
+    reference_engine: AsyncOmni,
+) -> None:
+    """``generate(prompt, sampling_params, request_id, output_modalities=...)``
+    beside today's keywords: the same request, the same answer."""
+    today = await _texts(
+        reference_engine.generate(
+            "one two three",
+            request_id="r-today",
+            modalities=["text"],
+            params={"max_tokens": 2},
+        )
+    )
+    positional = await _texts(
+        reference_engine.generate(
+            "one two three", {"max_tokens": 2}, "r-030", output_modalities=["text"]
+        )
+    )
+    assert positional == today == ["You said:"]
+    # The request id given positionally is the request's (a second one in
+    # flight under it would be a 409; a finished one is reusable).
+    async for output in reference_engine.generate("four", None, "r-030"):
+        assert output.request_id == "r-030"
+
+
+# One argument under both of its names → the 0.30 name.
+BOTH_NAMES: dict[str, tuple[tuple[Any, ...], dict[str, Any], str]] = {
+    "sampling_params and params": (
+        ({"max_tokens": 2},),
+        {"params": {"max_tokens": 3}},
+        "sampling_params",
+    ),
+    "output_modalities and modalities": (
+        (),
+        {"modalities": ["text"], "output_modalities": ["text"]},
+        "output_modalities",
+    ),
+    "a request id that is empty": ((None, ""), {}, "request_id"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BOTH_NAMES))
+async def test_async_generate_names_a_wrong_0_30_call(
+    reference_engine: AsyncOmni, case: str
+) -> None:
+    args, kwargs, parameter = BOTH_NAMES[case]
+    with pytest.raises(VLLMValidationError) as info:
+        await _texts(reference_engine.generate("x", *args, **kwargs))
+    assert info.value.parameter == parameter
+
+
+async def test_async_generate_refuses_0_30_keywords_it_has_not(
+    reference_engine: AsyncOmni,
+) -> None:
+    """0.30's other keywords (``lora_request``, ``priority``, ...) are the
+    ``TypeError`` itself: nothing is dropped."""
+    with pytest.raises(TypeError, match="unexpected keyword argument 'priority'"):
+        await _texts(reference_engine.generate("x", priority=1))  # type: ignore[call-arg]

@@ -9,6 +9,7 @@ expect; each entry of ``sampling_params_list`` reaches the engine's
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -103,3 +104,20 @@ def test_a_wrong_entry_is_named_before_anything_runs(omni: Omni) -> None:
 def test_todays_keyword_call_still_works(omni: Omni) -> None:
     output = omni.generate("hello world", params={"max_tokens": 2, "ignore_eos": True})
     assert output.finished and _completion_tokens(output) == 2
+
+
+def test_the_async_030_call_reaches_the_engine(omni: Omni) -> None:
+    """``AsyncOmni.generate(prompt, sampling_params, request_id)``, as 0.30
+    and vLLM's ``AsyncLLM`` are called: upstream's ``SamplingParams`` is the
+    request's, the positional id the request's."""
+
+    async def run() -> list[Any]:
+        sampling = SamplingParams(max_tokens=2, ignore_eos=True)
+        return [
+            output
+            async for output in omni.engine.generate("hello world", sampling, "r-030")
+        ]
+
+    outputs = asyncio.run_coroutine_threadsafe(run(), omni._loop).result(120)
+    assert outputs[-1].finished and _completion_tokens(outputs[-1]) == 2
+    assert {output.request_id for output in outputs} == {"r-030"}

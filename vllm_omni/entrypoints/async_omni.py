@@ -38,7 +38,7 @@ import os
 import uuid
 import weakref
 from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Any, TypeVar, get_args
 
 from vllm_omni.config import (
     PipelineConfig,
@@ -73,6 +73,8 @@ if TYPE_CHECKING:
     from vllm.sampling_params import SamplingParams
 
 __all__ = ["AsyncOmni"]
+
+_T = TypeVar("_T")
 
 
 class AsyncOmni:
@@ -272,14 +274,24 @@ class AsyncOmni:
     async def generate(
         self,
         prompt: str,
-        *,
+        sampling_params: Mapping[str, Any] | SamplingParams | None = None,
         request_id: str | None = None,
-        modalities: Iterable[str] | str = ("text",),
+        *,
+        modalities: Iterable[str] | str | None = None,
         params: Mapping[str, Any] | SamplingParams | None = None,
         sampling_params_list: Sequence[Any] | None = None,
+        output_modalities: Iterable[str] | str | None = None,
         trace_headers: Mapping[str, str] | None = None,
     ) -> AsyncGenerator[OmniRequestOutput, None]:
         """Run one request; yields outputs, the last with ``finished=True``.
+
+        Called as vllm-omni 0.30 (and vLLM's ``AsyncLLM``) is,
+        ``generate(prompt, sampling_params, request_id, output_modalities=...)``,
+        or with today's keywords: ``sampling_params`` is ``params`` (on a
+        one-stage ``AsyncOmni(model=...)`` pipeline, 0.30's stage-0 entry),
+        ``output_modalities`` is ``modalities`` (default ``["text"]``); giving
+        both names of one argument is a ``VLLMValidationError`` naming the
+        0.30 one.
 
         ``trace_headers`` (as 0.30's and ``AsyncLLM.generate``'s): the W3C
         ``traceparent``/``tracestate`` the request's trace continues; every
@@ -346,10 +358,16 @@ class AsyncOmni:
                 raise VLLMValidationError(
                     "request_id must be a non-empty string", parameter="request_id"
                 )
+            params = _one_of("params", params, "sampling_params", sampling_params)
+            modalities = _one_of(
+                "modalities", modalities, "output_modalities", output_modalities
+            )
             stream = self._orchestrator.generate(
                 prompt,
                 request_id=request_id,
-                modalities=parse_modalities(modalities),
+                modalities=parse_modalities(
+                    ("text",) if modalities is None else modalities
+                ),
                 params=_plain_params(params),
                 stage_params=per_stage_params(self.config.stages, sampling_params_list),
                 trace_headers=span.headers(None) or trace_headers,
@@ -589,6 +607,17 @@ def parse_modalities(modalities: object) -> tuple[str, ...]:
         "modalities must be a modality name or a list of them",
         parameter="modalities",
     )
+
+
+def _one_of(name: str, value: _T | None, alias: str, aliased: _T | None) -> _T | None:
+    """The argument given under today's ``name`` or vllm-omni's ``alias``;
+    both is a ``VLLMValidationError`` naming the alias."""
+    if value is not None and aliased is not None:
+        raise VLLMValidationError(
+            f"{alias} is {name} under vllm-omni 0.30's name: give one of them",
+            parameter=alias,
+        )
+    return aliased if value is None else value
 
 
 def _shutdown_soon(loop: asyncio.AbstractEventLoop, orchestrator: Orchestrator) -> None:

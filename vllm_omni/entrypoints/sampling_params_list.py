@@ -13,6 +13,7 @@ module builds no response and catches nothing to restyle it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,7 +21,7 @@ from vllm_omni.config import StageConfig
 from vllm_omni.errors import VLLMValidationError
 from vllm_omni.stages import check_stage_params, entry_params
 
-__all__ = ["PARAMETER", "json_only_entries", "per_stage_params"]
+__all__ = ["PARAMETER", "form_entries", "per_stage_params"]
 
 PARAMETER = "sampling_params_list"
 
@@ -65,13 +66,17 @@ def per_stage_params(
     return chosen
 
 
-def json_only_entries() -> VLLMValidationError:
-    """The 400 for a list sent in a form (image edits, video forms): a form
-    field is text, and a list of per-stage mappings is JSON's."""
-    return VLLMValidationError(
-        f"{PARAMETER} is read from a JSON body only, not from a form",
-        parameter=PARAMETER,
-    )
+def form_entries(text: object) -> object:
+    """The list a form field carries (image edits, video forms): a form
+    field is text, so the list is its JSON text (as vllm-omni's forms carry
+    ``lora``); text that is not JSON is a 400 naming the field."""
+    try:
+        return json.loads(text) if isinstance(text, str) else None
+    except (ValueError, RecursionError):
+        raise VLLMValidationError(
+            f"{PARAMETER} in a form must be JSON text: a list with one entry per stage",
+            parameter=PARAMETER,
+        ) from None
 
 
 def _entry(stage: StageConfig, entry: object, where: str) -> dict[str, Any]:

@@ -20,10 +20,11 @@ from vllm_omni.engine.messages import Payload, Submit
 from vllm_omni.stages.base import Stage, bounded_float, bounded_int, parse_size
 from vllm_omni.stages.image import gradient, seed_for
 
-__all__ = ["SECONDS_RANGE", "SIZE_RANGE", "VideoStage"]
+__all__ = ["FPS_RANGE", "SECONDS_RANGE", "SIZE_RANGE", "VideoStage"]
 
 SECONDS_RANGE = (0.1, 10.0)
 SIZE_RANGE = (64, 512)
+FPS_RANGE = (1, 30)
 
 
 class VideoStage(Stage):
@@ -58,7 +59,7 @@ def _settings(params: Mapping[str, Any]) -> tuple[float, int, int, int]:
     """Seconds, width, height and fps, each checked."""
     seconds = bounded_float(params, "seconds", 1.0, *SECONDS_RANGE)
     width, height = parse_size(params, "128x128", *SIZE_RANGE)
-    return seconds, width, height, bounded_int(params, "fps", 8, 1, 30) or 8
+    return seconds, width, height, bounded_int(params, "fps", 8, *FPS_RANGE) or 8
 
 
 def _encode_gif(width: int, height: int, fps: int, seed: int, count: int) -> bytes:

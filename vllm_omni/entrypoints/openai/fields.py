@@ -10,9 +10,12 @@ that the owning stage does not honour, with the reason. A 200 therefore
 means every field the client set took effect.
 
 A field the table does not list is refused: an upstream release that adds a
-request field is refused until someone decides how it is honoured. Fields
-outside the API (vendor extras) are accepted and listed once in a log line,
-as vLLM's ``OpenAIBaseModel`` does (``log_ignored``).
+request field is refused until someone decides how it is honoured. vllm-omni
+0.30's own fields are in the tables, honoured where the route runs the stage
+that can do what they ask; a nested one (chat's ``extra_body``) is checked
+key by key as ``extra_body.<key>``. Fields outside the API (vendor extras)
+are accepted and listed once in a log line, as vLLM's ``OpenAIBaseModel``
+does (``log_ignored``).
 
 ``markdown`` renders the table for ``docs/serving.md``; a test keeps the two
 equal. This module must not import vLLM: the request models live in
@@ -35,8 +38,11 @@ if TYPE_CHECKING:
     from vllm_omni.config import StageConfig
 
 __all__ = [
+    "IMAGE_EDITS",
+    "IMAGE_EDITS_030",
     "ROUTE",
     "ROUTES",
+    "VIDEOS",
     "FieldRule",
     "check_fields",
     "log_ignored",
@@ -54,11 +60,14 @@ _NOBODY: frozenset[str] = frozenset()
 @dataclass(frozen=True, slots=True)
 class FieldRule:
     """Who honours a field, how (or why nobody does), and values refused even
-    where it is honoured (``refuse`` returns the reason, or ``None``)."""
+    where it is honoured (``refuse`` returns the reason, or ``None``). A
+    ``nested`` field is a mapping of the route's own fields, each checked
+    under ``name.key``."""
 
     honoured_by: frozenset[str]
     how: str
     refuse: Callable[[Any], str | None] | None = None
+    nested: bool = False
 
 
 def _rule(
@@ -160,6 +169,11 @@ SAMPLING_PARAMS_LIST = _rule(
     "over the request's fields for its stage (vllm-omni extension)",
 )
 
+# Routes that also read a form: there the list is the field's JSON text.
+FORM_SAMPLING_PARAMS_LIST = _rule(
+    [ROUTE], f"{SAMPLING_PARAMS_LIST.how}; in a form, its JSON text"
+)
+
 _GENERATE_COMMON: dict[str, FieldRule] = {
     "model": _rule([ROUTE], "checked against the served model (404 otherwise)"),
     "stream": _rule([ROUTE], "SSE stream"),
@@ -175,6 +189,62 @@ _GENERATE_COMMON: dict[str, FieldRule] = {
     "logprobs": _rule(_VLLM, "per-token logprobs, OpenAI shape"),
     **{name: _rule(_VLLM, how) for name, how in _UPSTREAM_SAMPLING.items()},
     **{name: _rule(_NOBODY, why) for name, why in _REFUSED.items()},
+}
+
+# vllm-omni 0.30's chat extras (its ``serving_chat.py``): the talker's voice
+# (honoured), the rest of its speech and diffusion-chat settings (refused).
+_CHAT_GENERATES = (
+    "chat answers with text and audio here; images and video come from "
+    "POST /v1/images/generations and POST /v1/videos"
+)
+_CHAT_030: dict[str, FieldRule] = {
+    "voice": _rule(
+        [ROUTE], 'the talker\'s voice, as audio.voice (needs "audio" in modalities)'
+    ),
+    "speaker": _rule([ROUTE], "vllm-omni's name for voice"),
+    "language": _rule(_NOBODY, "the talker has no language setting"),
+    "instructions": _rule(_NOBODY, "voice instructions are not supported"),
+    "ref_audio": _rule(_NOBODY, "voice cloning is not supported"),
+    "additional_information": _rule(
+        _NOBODY, "model-specific prompt information is not supported"
+    ),
+    "extra_body": FieldRule(
+        frozenset([ROUTE]),
+        "a JSON body's nested extra_body: each key is checked as extra_body.<key>; "
+        "none is read from there (the OpenAI SDK sends extra_body's keys at the "
+        "top level)",
+        nested=True,
+    ),
+    **{
+        name: _rule(_NOBODY, _CHAT_GENERATES)
+        for name in (
+            "height",
+            "width",
+            "size",
+            "num_outputs_per_prompt",
+            "quality",
+            "num_inference_steps",
+            "guidance_scale",
+            "guidance_scale_2",
+            "true_cfg_scale",
+            "cfg_scale",
+            "num_frames",
+            "layers",
+            "resolution",
+            "negative_prompt",
+            "generator_device",
+            "strength",
+            "bot_task",
+            "system_prompt",
+            "use_system_prompt",
+            "sys_type",
+        )
+    },
+    "extra_args": _rule(_NOBODY, "model-specific parameters are not supported"),
+    "extra_params": _rule(_NOBODY, "model-specific parameters are not supported"),
+    "return_stage_metrics": _rule(
+        _NOBODY, "stage metrics are on /metrics, not in responses"
+    ),
 }
 
 CHAT: dict[str, FieldRule] = {
@@ -199,6 +269,7 @@ CHAT: dict[str, FieldRule] = {
     "audio": _rule([ROUTE], "voice for the talker stage; format wav"),
     "lora": _rule(_VLLM, "a LoRA adapter by name (vLLM-Omni extension)"),
     "sampling_params_list": SAMPLING_PARAMS_LIST,
+    **_CHAT_030,
 }
 
 COMPLETIONS: dict[str, FieldRule] = {
@@ -289,12 +360,78 @@ IMAGE_GENERATIONS: dict[str, FieldRule] = {
     **{name: _rule(_NOBODY, why) for name, why in _IMAGES_030.items()},
 }
 
+# vllm-omni 0.30's image edit form fields the reference image stage does not
+# honour (its generation fields' reasons, and its extra inputs).
+_EDITS_030 = {
+    **{
+        name: _IMAGES_030[name]
+        for name in (
+            "negative_prompt",
+            "num_inference_steps",
+            "guidance_scale",
+            "true_cfg_scale",
+            "generator_device",
+            "lora",
+            "layers",
+            "bot_task",
+            "system_prompt",
+            "return_stage_metrics",
+        )
+    },
+    "guidance_scale_2": _DIFFUSION,
+    "strength": _DIFFUSION,
+    "resolution": "layered output is not supported",
+    "sys_type": "system prompts are not supported",
+    "mask_image": "masks are not supported",
+    "reference_image": "reference images are not supported",
+    "image[]": "one input image per edit (image)",
+    "url": "input images by URL are not supported",
+    "url[]": "input images by URL are not supported",
+}
+
+# The form fields a route reads as the client gave them (FastAPI types none).
+IMAGE_EDITS_030: frozenset[str] = frozenset(_EDITS_030)
+
 IMAGE_EDITS: dict[str, FieldRule] = {
     **_IMAGES_COMMON,
     "image": _rule({"image"}, "the image to edit (PNG, JPEG, GIF, WebP)"),
     "mask": _rule(_NOBODY, "masks are not supported"),
     "input_fidelity": _rule(_NOBODY, "input fidelity is not supported"),
-    "sampling_params_list": SAMPLING_PARAMS_LIST,
+    "sampling_params_list": FORM_SAMPLING_PARAMS_LIST,
+    "seed": _rule({"image"}, "seed (vLLM-Omni extension)"),
+    **{name: _rule(_NOBODY, why) for name, why in _EDITS_030.items()},
+}
+
+# vllm-omni 0.30's video fields the reference video stage does not honour.
+_VIDEO_DIFFUSION = "diffusion settings are not supported by this video stage"
+_VIDEOS_030 = {
+    "num_frames": "the frame count follows seconds and fps",
+    "video_params": "send size, fps and seconds at the top level",
+    "image_reference": "reference inputs are not supported",
+    "video_reference": "reference inputs are not supported",
+    "audio_reference": "reference inputs are not supported",
+    "control_type": "reference inputs are not supported",
+    "aspect_ratio": "the shape is given by size",
+    "short_edge": "the shape is given by size",
+    "num_outputs_per_prompt": "one video per job",
+    "start_time_seconds": "reference inputs are not supported",
+    "quality": _VIDEO_DIFFUSION,
+    "negative_prompt": "negative prompts are not supported",
+    "num_inference_steps": _VIDEO_DIFFUSION,
+    "guidance_scale": _VIDEO_DIFFUSION,
+    "guidance_scale_2": _VIDEO_DIFFUSION,
+    "boundary_ratio": _VIDEO_DIFFUSION,
+    "flow_shift": _VIDEO_DIFFUSION,
+    "true_cfg_scale": _VIDEO_DIFFUSION,
+    "generate_sound": "the video has no sound",
+    "sound_duration": "the video has no sound",
+    "enable_frame_interpolation": "frame interpolation is not supported",
+    "frame_interpolation_exp": "frame interpolation is not supported",
+    "frame_interpolation_scale": "frame interpolation is not supported",
+    "frame_interpolation_model_path": "frame interpolation is not supported",
+    "lora": "video LoRA adapters are not supported",
+    "extra_params": "model-specific parameters are not supported",
+    "return_stage_metrics": "stage metrics are on /metrics, not in responses",
 }
 
 VIDEOS: dict[str, FieldRule] = {
@@ -302,7 +439,13 @@ VIDEOS: dict[str, FieldRule] = {
     "prompt": _rule([ROUTE], "the video prompt"),
     "seconds": _rule({"video"}, "0.1 to 10 s"),
     "size": _rule({"video"}, "WxH, sides 64 to 512, multiples of 8"),
-    "sampling_params_list": SAMPLING_PARAMS_LIST,
+    "sampling_params_list": FORM_SAMPLING_PARAMS_LIST,
+    "user": _rule([ROUTE], "an end-user id for the operator; no effect on output"),
+    "width": _rule({"video"}, "with height, the size WxH (vLLM-Omni; not with size)"),
+    "height": _rule({"video"}, "with width, the size WxH (vLLM-Omni; not with size)"),
+    "fps": _rule({"video"}, "frames per second, 1 to 30 (vLLM-Omni extension)"),
+    "seed": _rule({"video"}, "seed (vLLM-Omni extension)"),
+    **{name: _rule(_NOBODY, why) for name, why in _VIDEOS_030.items()},
 }
 
 REALTIME_RESPONSE: dict[str, FieldRule] = {
@@ -374,6 +517,9 @@ def check_fields(
     kinds = {stage.kind for stage in stages}
     for name, value in _set_fields(request):
         rule = table.get(name)
+        if rule is not None and rule.nested and isinstance(value, Mapping):
+            _check_nested(route, f"{prefix}{name}.", value, stages)
+            continue
         if rule is None:
             if known_only:
                 continue
@@ -390,6 +536,23 @@ def check_fields(
         raise VLLMValidationError(
             f"{prefix}{name} cannot be honoured: {reason}.",
             parameter=f"{prefix}{name}",
+        )
+
+
+def _check_nested(
+    route: str, prefix: str, nested: Mapping[str, Any], stages: Sequence[StageConfig]
+) -> None:
+    """Refuse the first key of a nested mapping (``extra_body``), under
+    ``prefix``: with the table's reason when the route refuses that field,
+    else because it is read at the top level only."""
+    for key in nested:
+        if nested[key] is None:
+            continue
+        check_fields(route, {str(key): nested[key]}, stages, prefix=prefix)
+        raise VLLMValidationError(
+            f"{prefix}{key} cannot be honoured: it is read at the top level of "
+            "the request only (where the OpenAI SDK's extra_body puts it).",
+            parameter=f"{prefix}{key}",
         )
 
 

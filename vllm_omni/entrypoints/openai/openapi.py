@@ -592,6 +592,12 @@ def _narrow_chat(doc: Schema, pipeline: _Pipeline) -> None:
             },
         ),
         "audio": lambda s: _like(s, audio_options),
+        "voice": lambda s: _like(s, audio_options["properties"]["voice"]),
+        "speaker": lambda s: _like(s, audio_options["properties"]["voice"]),
+        # Nothing is read from a nested extra_body: only empty (or nulls).
+        "extra_body": lambda s: _like(
+            s, {"type": "object", "additionalProperties": NULL}
+        ),
     }
     if kind == "vllm":
         # No tool parser runs: tool_choice none only, which tools must name
@@ -608,8 +614,25 @@ def _narrow_chat(doc: Schema, pipeline: _Pipeline) -> None:
     with_audio = {"type": "array", "contains": {"const": "audio"}}
     rules = [
         _STREAM_OPTIONS_NEED_STREAM,
-        _if_set("audio", {"type": "object"}, _requires("modalities", with_audio)),
+        *(
+            _if_set(name, value, _requires("modalities", with_audio))
+            for name, value in (
+                ("audio", {"type": "object"}),
+                ("voice", {"type": "string"}),
+                ("speaker", {"type": "string"}),
+            )
+        ),
         _if_set("modalities", with_audio, {"properties": {"n": {"enum": [1, None]}}}),
+    ]
+    # The voice is given once: audio.voice, voice or speaker.
+    no_audio_voice = {"anyOf": [NULL, {"properties": {"voice": False}}]}
+    string = {"type": "string"}
+    rules += [
+        _if_set("voice", string, {"properties": {"speaker": NULL}}),
+        *(
+            _if_set(name, string, {"properties": {"audio": no_audio_voice}})
+            for name in ("voice", "speaker")
+        ),
     ]
     if kind == "vllm":
         rules.append(
@@ -680,7 +703,8 @@ def _image_domains(pipeline: _Pipeline, *, form: bool) -> Domains:
                 "seed": lambda s: _like(s, _integer(*image_stage.SEED_RANGE)),
             }
         ),
-        **_entries_domain(pipeline),
+        # A form's list is JSON text, checked against the stages by the route.
+        **(_entries_domain(pipeline) if not form else {}),
     }
 
 
@@ -713,14 +737,50 @@ def _narrow_image_edits(doc: Schema, pipeline: _Pipeline) -> None:
     # FastAPI reads an empty form field as absent: the field's default.
     required = set(schema.get("required", ()))
     properties = schema["properties"]
+    rules = ROUTES["image_edits"][0]
     for name, narrowed in properties.items():
         if name not in required:
-            empty = {"const": ""}
+            empty: Schema = {"const": ""}
+            if narrowed is False and name in rules:
+                # Refused, and without a default: only the empty field.
+                empty["description"] = f"Refused on this pipeline: {rules[name].how}."
             properties[name] = (
                 empty if narrowed is False else {"anyOf": [narrowed, empty]}
             )
+    properties["sampling_params_list"]["anyOf"][0]["format"] = "json"
     content = _operation(doc, "image_edits")["requestBody"]["content"][form]
     content["encoding"] = {"image": {"contentType": ", ".join(IMAGE_TYPES)}}
+
+
+def _video_030_domains(pipeline: _Pipeline, form: bool) -> Domains:
+    """vllm-omni's ``width``, ``height``, ``fps`` and ``seed``: integers in
+    the video stage's ranges (a form's as digits)."""
+    low, high = video_stage.SIZE_RANGE
+    ranges = {
+        "width": (low, high, 4),
+        "height": (low, high, 4),
+        "fps": (*video_stage.FPS_RANGE, 2),
+        "seed": (*image_stage.SEED_RANGE, 10),
+    }
+    domains: Domains = {}
+    for name, (first, last, digits) in ranges.items():
+        step = {"multipleOf": SIZE_STEP} if name in ("width", "height") else {}
+        if form:
+            pattern = decimal_pattern(first, last, int_digits=digits, frac_digits=0)
+            what = f"an integer from {first} to {last}"
+            if step:
+                # The multiples, spelled out (a regex cannot count).
+                sides = "|".join(
+                    str(side) for side in range(first, last + 1, SIZE_STEP)
+                )
+                pattern = f"^{BLANKS}0{{0,{digits - 1}}}(?:{sides}){BLANKS}$"
+                what += f", a multiple of {SIZE_STEP}"
+            text = {"type": "string", "pattern": pattern, "description": what}
+            domains[name] = lambda s, text=text: text
+        else:
+            number = {**_integer(first, last), **step}
+            domains[name] = lambda s, number=number: _like(s, number)
+    return domains
 
 
 def _narrow_videos(doc: Schema, pipeline: _Pipeline) -> None:
@@ -743,10 +803,23 @@ def _narrow_videos(doc: Schema, pipeline: _Pipeline) -> None:
                 else {"anyOf": [_number(low, high), seconds_text, NULL]}
             ),
             "size": lambda s, form=form: size if form else _like(s, size),
-            **_entries_domain(pipeline),
+            **pipeline.of_stage(_video_030_domains(pipeline, form)),
+            **(_entries_domain(pipeline) if not form else {}),
         }
         schema = _body(doc, "videos", media_type)
         _narrow_fields(schema, "videos", pipeline.stages["video"], domains, form=form)
+        # width and height go together, and not with size.
+        given = {"type": "string"} if form else {"type": ["integer", "number"]}
+        absent = (
+            {"not": {"required": ["size"]}} if form else {"properties": {"size": NULL}}
+        )
+        schema["allOf"] = [
+            _if_set("width", given, {"allOf": [_requires("height", given), absent]}),
+            _if_set("height", given, _requires("width", given)),
+        ]
+        if form:
+            # JSON text: drawn as such by the fuzz (``format``).
+            schema["properties"]["sampling_params_list"]["format"] = "json"
 
 
 _NARROW: dict[str, Callable[[Schema, _Pipeline], None]] = {

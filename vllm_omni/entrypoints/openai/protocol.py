@@ -10,6 +10,7 @@ them. This module imports no router, serving or ``openapi`` module.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
@@ -39,6 +40,7 @@ __all__ = [
     "ROLES",
     "SAMPLING_PARAMS_LIST_DESCRIPTION",
     "VIDEO_CREATE_BODY",
+    "VIDEO_DEFAULTS",
     "VIDEO_DEFAULT_PAGE",
     "VIDEO_MAX_PAGE",
     "VIDEO_MAX_PROMPT_CHARS",
@@ -180,6 +182,41 @@ class ChatCompletionRequest(JsonTypesFirst, UpstreamChatCompletionRequest):
     # A LoRA adapter by name (``extra_body={"lora": ...}``); the stage decides.
     lora: str | None = None
     sampling_params_list: SamplingParamsList | None = sampling_params_list_field()
+    # vllm-omni 0.30's chat extras (its ``serving_chat.py``), each honoured or
+    # refused by name (``fields.py``): the talker's voice, as 0.30 reads it
+    # (``voice``, else ``speaker``) ...
+    voice: str | None = None
+    speaker: str | None = None
+    language: str | None = None
+    instructions: str | None = None
+    ref_audio: str | None = None
+    additional_information: dict[str, Any] | None = None
+    # ... a nested ``extra_body`` (its example clients post one as JSON) ...
+    extra_body: dict[str, Any] | None = None
+    # ... and the image and video generation settings of its diffusion chat.
+    height: int | None = None
+    width: int | None = None
+    size: str | None = None
+    num_outputs_per_prompt: int | None = None
+    quality: str | None = None
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    guidance_scale_2: float | None = None
+    true_cfg_scale: float | None = None
+    cfg_scale: float | None = None
+    num_frames: int | None = None
+    layers: int | None = None
+    resolution: int | None = None
+    negative_prompt: str | None = None
+    generator_device: str | None = None
+    strength: float | None = None
+    bot_task: str | None = None
+    system_prompt: str | None = None
+    use_system_prompt: str | None = None
+    sys_type: str | None = None
+    extra_args: dict[str, Any] | None = None
+    extra_params: dict[str, Any] | None = None
+    return_stage_metrics: bool | None = None
 
 
 # -- completions -------------------------------------------------------------------
@@ -310,10 +347,73 @@ VIDEO_VARIANTS = ("video", "thumbnail", "spritesheet")
 VIDEO_DEFAULT_PAGE = 20
 VIDEO_MAX_PAGE = 100
 
+# vllm-omni 0.30's create fields (its ``protocol/videos.py`` and video form):
+# name → the JSON type of its value and its default (``None``: none). Each is
+# honoured or refused by name (``fields.py``); a value equal to the default
+# is not "set" (``VIDEO_DEFAULTS``; a form gives it as JSON text, "false").
+_VIDEO_030: dict[str, tuple[str, Any]] = {
+    "user": ("string", None),
+    "width": ("integer", None),
+    "height": ("integer", None),
+    "fps": ("number", None),
+    "seed": ("integer", None),
+    "num_frames": ("integer", None),
+    "video_params": ("object", None),
+    "image_reference": ("object", None),
+    "video_reference": ("object", None),
+    "audio_reference": ("object", None),
+    "control_type": ("string", None),
+    "aspect_ratio": ("string", None),
+    "short_edge": ("integer", None),
+    "num_outputs_per_prompt": ("integer", 1),
+    "start_time_seconds": ("number", None),
+    "quality": ("string", None),
+    "negative_prompt": ("string", None),
+    "num_inference_steps": ("integer", None),
+    "guidance_scale": ("number", None),
+    "guidance_scale_2": ("number", None),
+    "boundary_ratio": ("number", None),
+    "flow_shift": ("number", None),
+    "true_cfg_scale": ("number", None),
+    "generate_sound": ("boolean", False),
+    "sound_duration": ("number", None),
+    "enable_frame_interpolation": ("boolean", False),
+    "frame_interpolation_exp": ("integer", 1),
+    "frame_interpolation_scale": ("number", 1.0),
+    "frame_interpolation_model_path": ("string", None),
+    "lora": ("object", None),
+    "extra_params": ("object", None),
+    "return_stage_metrics": ("boolean", None),
+}
+VIDEO_DEFAULTS: dict[str, Any] = {
+    name: default for name, (_, default) in _VIDEO_030.items() if default is not None
+}
+
+
+def _json_030(kind: str, default: Any) -> dict[str, Any]:
+    # 0.30 takes an image, video or audio reference as an object or a list.
+    types = [kind, "array"] if kind == "object" else [kind]
+    schema: dict[str, Any] = {"type": [*types, "null"]}
+    return schema if default is None else {**schema, "default": default}
+
+
+def _form_030(default: Any) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    return schema if default is None else {**schema, "default": json.dumps(default)}
+
+
 # What the routes read, for ``/openapi.json`` (``openapi.py`` narrows the
-# create fields to the pipeline). A form carries strings only; JSON may
-# also give ``seconds`` as a number, and null for an optional field.
-_FORM_FIELDS: dict[str, Any] = {name: {"type": "string"} for name in _VIDEO_FIELDS}
+# create fields to the pipeline). A form carries strings only (the list as
+# JSON text); JSON may also give ``seconds`` as a number, and null for an
+# optional field.
+_FORM_FIELDS: dict[str, Any] = {
+    **{name: {"type": "string"} for name in _VIDEO_FIELDS},
+    "sampling_params_list": {
+        "type": "string",
+        "description": f"{SAMPLING_PARAMS_LIST_DESCRIPTION} In a form: JSON text.",
+    },
+    **{name: _form_030(default) for name, (_, default) in _VIDEO_030.items()},
+}
 _JSON_FIELDS: dict[str, Any] = {
     "prompt": {"type": "string"},
     "model": {"type": ["string", "null"]},
@@ -323,6 +423,7 @@ _JSON_FIELDS: dict[str, Any] = {
         "type": ["array", "null"],
         "description": SAMPLING_PARAMS_LIST_DESCRIPTION,
     },
+    **{name: _json_030(*spec) for name, spec in _VIDEO_030.items()},
 }
 VIDEO_CREATE_BODY = {
     "required": True,

@@ -64,12 +64,13 @@ async def chat(
     check_prompt(request, prompt, "messages")
     stage = _checked_stage(request, engine, "chat", body)
     modalities = _modalities(body)
+    voice = _voice(body)
     await check_body(request, "chat", raw)
     params = _stage_params(
         _Chat, body, raw, stage, max_completion_tokens=body.max_completion_tokens
     )
-    if body.audio is not None:
-        params["voice"] = body.audio.voice
+    if voice is not None:
+        params["voice"] = voice
     return await _answer(request, engine, _Chat, body, prompt, modalities, params)
 
 
@@ -158,11 +159,40 @@ def _modalities(body: ChatCompletionRequest) -> list[str]:
         raise VLLMValidationError(
             "n > 1 is not supported with audio output", parameter="n"
         )
-    if body.audio is not None and "audio" not in modalities:
-        raise VLLMValidationError(
-            'audio options need "audio" in modalities', parameter="audio"
-        )
+    for name in ("audio", "voice", "speaker"):
+        if getattr(body, name) is not None and "audio" not in modalities:
+            raise VLLMValidationError(
+                f'{name} needs "audio" in modalities', parameter=name
+            )
     return modalities
+
+
+def _voice(body: ChatCompletionRequest) -> str | None:
+    """The talker's voice: ``audio.voice``, or vllm-omni's ``voice`` or
+    ``speaker``, given once (a second is a 400 on it, as the document says)."""
+    audio = body.audio
+    given = [
+        (name, value)
+        for name, value in (
+            (
+                "audio.voice",
+                audio.voice if audio and "voice" in audio.model_fields_set else None,
+            ),
+            ("voice", body.voice),
+            ("speaker", body.speaker),
+        )
+        if value is not None
+    ]
+    if len(given) > 1:
+        name = given[1][0]
+        raise VLLMValidationError(
+            f"{name} cannot be honoured: the voice is given once "
+            f"(here also as {given[0][0]})",
+            parameter=name,
+        )
+    if given:
+        return given[0][1]
+    return audio.voice if audio is not None else None
 
 
 def _stage_params(

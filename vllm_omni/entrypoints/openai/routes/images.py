@@ -20,10 +20,17 @@ from fastapi import APIRouter, Form, Request, UploadFile
 
 from vllm_omni.config import StageConfig
 from vllm_omni.entrypoints.async_omni import AsyncOmni
-from vllm_omni.entrypoints.openai.fields import check_fields, log_ignored
+from vllm_omni.entrypoints.openai.fields import (
+    IMAGE_EDITS,
+    IMAGE_EDITS_030,
+    check_fields,
+    log_ignored,
+)
 from vllm_omni.entrypoints.openai.openapi import check_body
 from vllm_omni.entrypoints.openai.protocol import (
     INT64_MAX,
+    INT64_MIN,
+    SAMPLING_PARAMS_LIST_DESCRIPTION,
     Background,
     ImageGenerationRequest,
     OutputFormat,
@@ -37,7 +44,7 @@ from vllm_omni.entrypoints.openai.serving_common import (
     request_id_of,
     require_modality,
 )
-from vllm_omni.entrypoints.sampling_params_list import PARAMETER, json_only_entries
+from vllm_omni.entrypoints.sampling_params_list import form_entries
 from vllm_omni.errors import GenerationError, VLLMUnprocessableEntityError
 from vllm_omni.stages.image import probe_image
 
@@ -115,12 +122,38 @@ async def edit_images(
     stream: bool = Form(False),
     partial_images: int | None = Form(None, ge=0, le=3),
     mask: UploadFile | None = None,
+    seed: int | None = Form(None, ge=INT64_MIN, le=INT64_MAX),
+    sampling_params_list: str | None = Form(
+        None, description=f"{SAMPLING_PARAMS_LIST_DESCRIPTION} In a form: JSON text."
+    ),
+    # vllm-omni 0.30's edit fields, each refused by name (``fields.py``).
+    negative_prompt: str | None = Form(None),
+    num_inference_steps: str | None = Form(None),
+    guidance_scale: str | None = Form(None),
+    guidance_scale_2: str | None = Form(None),
+    strength: str | None = Form(None),
+    true_cfg_scale: str | None = Form(None),
+    generator_device: str | None = Form(None),
+    lora: str | None = Form(None),
+    layers: str | None = Form(None),
+    resolution: str | None = Form(None),
+    bot_task: str | None = Form(None),
+    sys_type: str | None = Form(None),
+    system_prompt: str | None = Form(None),
+    return_stage_metrics: str | None = Form(None),
+    # A file or text: read from the form as given (and refused).
+    mask_image: Annotated[Any, Form()] = None,
+    reference_image: Annotated[Any, Form()] = None,
+    image_array: Annotated[Any, Form(alias="image[]")] = None,
+    url: str | None = Form(None),
+    url_array: str | None = Form(None, alias="url[]"),
 ) -> dict[str, Any]:
     engine = engine_of(request)
     await engine.check_health()
     check_model(engine, model)
     require_modality(engine, "image")
     check_prompt(request, prompt, "prompt")
+    form = await request.form()
     given = {
         "quality": None if quality == "auto" else quality,
         "background": None if background == "auto" else background,
@@ -130,8 +163,17 @@ async def edit_images(
         "stream": stream or None,
         "partial_images": partial_images,
         "mask": mask,
+        "seed": seed,
+        # The rest as the form gave them (an empty field is absent).
+        **{
+            name: value
+            for name, value in form.multi_items()
+            if name in IMAGE_EDITS_030 and value != ""
+        },
     }
-    check_fields("image_edits", given, _image_stages(engine), known_only=True)
+    stages = _image_stages(engine)
+    check_fields("image_edits", given, stages, known_only=True)
+    log_ignored(request_id_of(request), (k for k in form if k not in IMAGE_EDITS))
     limits = limits_of(request)
     data = await image.read(limits.max_image_bytes + 1)
     if len(data) > limits.max_image_bytes:
@@ -149,6 +191,7 @@ async def edit_images(
         "max_image_pixels": limits.max_image_pixels,
         "max_image_frames": limits.max_image_frames,
     }
-    if PARAMETER in await request.form():
-        raise json_only_entries()
-    return await _images(engine, prompt, request_id_of(request), params, None)
+    if seed is not None:
+        params["seed"] = seed
+    entries = form_entries(sampling_params_list)
+    return await _images(engine, prompt, request_id_of(request), params, entries)

@@ -36,12 +36,14 @@ from starlette.datastructures import UploadFile
 from starlette.requests import HTTPConnection
 from starlette.responses import Response
 
+from vllm_omni.entrypoints.openai.fields import VIDEOS, check_fields, log_ignored
 from vllm_omni.entrypoints.openai.jobs import Job, VideoJobs
 from vllm_omni.entrypoints.openai.openapi import check_body
 from vllm_omni.entrypoints.openai.protocol import (
     FORM_TYPES,
     VIDEO_CREATE_BODY,
     VIDEO_DEFAULT_PAGE,
+    VIDEO_DEFAULTS,
     VIDEO_MAX_PAGE,
     VIDEO_MAX_PROMPT_CHARS,
     VIDEO_PAGE_PARAMETERS,
@@ -51,11 +53,12 @@ from vllm_omni.entrypoints.openai.protocol import (
 from vllm_omni.entrypoints.openai.serving_common import (
     check_model,
     engine_of,
+    request_id_of,
     require_modality,
 )
 from vllm_omni.entrypoints.sampling_params_list import (
     PARAMETER,
-    json_only_entries,
+    form_entries,
     per_stage_params,
 )
 from vllm_omni.errors import (
@@ -67,6 +70,9 @@ from vllm_omni.errors import (
     to_exception,
 )
 from vllm_omni.errors.http import replayed
+from vllm_omni.stages import video as video_stage
+from vllm_omni.stages.base import SIZE_STEP
+from vllm_omni.stages.image import SEED_RANGE
 
 __all__ = ["init_state", "router", "shutdown_state"]
 
@@ -75,6 +81,7 @@ router = APIRouter()
 _SECONDS_RE = re.compile(r"[0-9]{1,4}(?:\.[0-9]{1,3})?")
 _SIZE_RE = re.compile(r"[0-9]{1,5}x[0-9]{1,5}")
 _LIMIT_RE = re.compile(r"[0-9]{1,4}")
+_INTEGER_RE = re.compile(r"[0-9]{1,20}")
 
 
 async def init_state(app: FastAPI, args: argparse.Namespace) -> None:
@@ -175,6 +182,66 @@ def _size(fields: dict[str, Any]) -> str | None:
     return size
 
 
+def _default(name: str, value: object) -> bool:
+    """A 0.30 field at its default (a form gives it as JSON text): not set."""
+    if name not in VIDEO_DEFAULTS:
+        return False
+    default = VIDEO_DEFAULTS[name]
+    if isinstance(value, str):
+        return value.strip() == json.dumps(default)
+    return type(value) is type(default) and value == default
+
+
+def _integer(fields: dict[str, Any], name: str, low: int, high: int) -> int | None:
+    """``fields[name]`` as an integer in ``[low, high]`` (a form's digits, a
+    JSON number without a fraction), or ``None`` when absent."""
+    value = fields.get(name)
+    if value is None:
+        return None
+    if isinstance(value, str) and _INTEGER_RE.fullmatch(value.strip()):
+        value = int(value.strip())
+    elif isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not low <= value <= high
+    ):
+        raise VLLMValidationError(
+            f"{name} must be an integer from {low} to {high}", parameter=name
+        )
+    return value
+
+
+def _width_and_height(fields: dict[str, Any]) -> str | None:
+    """vllm-omni's ``width`` and ``height``, together, as the size ``WxH``."""
+    low, high = video_stage.SIZE_RANGE
+    sides = {name: _integer(fields, name, low, high) for name in ("width", "height")}
+    if all(side is None for side in sides.values()):
+        return None
+    for name, side in sides.items():
+        if side is None:
+            other = "height" if name == "width" else "width"
+            raise VLLMValidationError(f"{name} is needed with {other}", parameter=name)
+        if side % SIZE_STEP:
+            raise VLLMValidationError(
+                f"{name} must be a multiple of {SIZE_STEP}", parameter=name
+            )
+    if fields.get("size") is not None:
+        raise VLLMValidationError(
+            "give size or width and height, not both", parameter="width"
+        )
+    return f"{sides['width']}x{sides['height']}"
+
+
+def _entries(fields: dict[str, Any], media_type: str) -> object:
+    """``sampling_params_list``: a JSON body's list, or a form's JSON text."""
+    entries = fields.get(PARAMETER)
+    if entries is None or media_type == "application/json":
+        return entries
+    return form_entries(entries)
+
+
 def _prompt(fields: dict[str, Any]) -> str:
     prompt = fields.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
@@ -219,17 +286,25 @@ async def create_video(request: Request) -> dict[str, Any]:
     prompt = _prompt(fields)
     seconds = _seconds(fields.get("seconds"))
     size = _size(fields)
+    stage = engine.stage_for("video")
+    given = {name: value for name, value in fields.items() if not _default(name, value)}
+    check_fields("videos", given, [stage] if stage else [], known_only=True)
+    log_ignored(request_id_of(request), (name for name in fields if name not in VIDEOS))
+    size = _width_and_height(fields) or size
     # The video stage's ranges, before a job exists.
     await check_body(request, "videos", fields, media_type)
-    params: dict[str, Any] = {}
-    if seconds is not None:
-        params["seconds"] = seconds
-    if size is not None:
-        params["size"] = size
+    params: dict[str, Any] = {
+        name: value
+        for name, value in (
+            ("seconds", seconds),
+            ("size", size),
+            ("fps", _integer(fields, "fps", *video_stage.FPS_RANGE)),
+            ("seed", _integer(fields, "seed", *SEED_RANGE)),
+        )
+        if value is not None
+    }
     # Checked now, as the rest of the body: the job runs after the 200.
-    entries = fields.get(PARAMETER)
-    if entries is not None and media_type != "application/json":
-        raise json_only_entries()
+    entries = _entries(fields, media_type)
     if entries is not None and per_stage_params(engine.config.stages, entries):
         params[PARAMETER] = entries
     job = await _jobs_of(request).submit(
