@@ -236,6 +236,8 @@ class Ctx:
     ws_url: str
     profile: Profile = field(default_factory=lambda: Profile())
     job_ids: list[str] = field(default_factory=list)
+    # (ended, seconds) of every operation as it ends, for p99 by minute
+    latencies: list[tuple[float, float]] = field(default_factory=list)
 
 
 Action = Callable[[Ctx, Record], Awaitable[str]]
@@ -912,6 +914,7 @@ async def _one(ctx: Ctx, kind: Kind) -> Record:
         rec.problems.append(f"client: {type(exc).__name__}: {exc}"[:200])
     rec.ended = time.monotonic()
     rec.seconds = rec.ended - began
+    ctx.latencies.append((rec.ended, rec.seconds))
     return rec
 
 
@@ -1219,8 +1222,6 @@ class Tally:
     expected: Counter[str] = field(default_factory=lambda: client_counts([]))
     log: Counter[str] = field(default_factory=Counter)
     failures: list[str] = field(default_factory=list)
-    # (ended, seconds) of every planned operation, for p99 by minute
-    latencies: list[tuple[float, float]] = field(default_factory=list)
 
     def add(self, records: list[Record], *, planned: bool = True) -> None:
         self.requests += sum(r.requests for r in records)
@@ -1245,7 +1246,6 @@ class Tally:
             self.matched[rec.kind] += rec.observed == rec.expected
             self.outcomes[rec.observed] += 1
             self.unplanned += rec.observed.startswith("client ")
-            self.latencies.append((rec.ended, rec.seconds))
 
 
 @dataclass(slots=True)
@@ -1315,7 +1315,11 @@ def _p99(seconds: list[float]) -> float | None:
 
 
 def _sample(
-    pid: int, job_store: Path, began: float, tally: Tally, since: float
+    pid: int,
+    job_store: Path,
+    began: float,
+    latencies: list[tuple[float, float]],
+    since: float,
 ) -> Sample:
     """Every server process's RSS, fds and threads, the job store's size on
     disk (with its WAL) and the p99 of the operations that ended since."""
@@ -1336,7 +1340,7 @@ def _sample(
         for path in job_store.parent.glob(job_store.name + "*")
         if path.is_file()
     )
-    recent = [s for ended, s in tally.latencies if ended > since]
+    recent = [s for ended, s in latencies if ended > since]
     return Sample(
         at_s=time.monotonic() - began,
         rss=rss,
@@ -1441,16 +1445,14 @@ def _flat(report: Report) -> None:
     )
 
 
-async def _sampler(
-    server: OmniServer, report: Report, tally: Tally, began: float
-) -> None:
+async def _sampler(server: OmniServer, report: Report, ctx: Ctx, began: float) -> None:
     """A sample every SAMPLE_S until cancelled."""
     job_store = server.log_path.parent / "jobs.sqlite3"
     since = time.monotonic()
     while True:
         await asyncio.sleep(SAMPLE_S)
         sample = await asyncio.to_thread(
-            _sample, server.proc.pid, job_store, began, tally, since
+            _sample, server.proc.pid, job_store, began, ctx.latencies, since
         )
         since = time.monotonic()
         report.samples.append(sample)
@@ -1508,9 +1510,9 @@ async def _soak(
         sampler = None
         if minutes:
             report.samples.append(
-                _sample(server.proc.pid, job_store, began, tally, began)
+                _sample(server.proc.pid, job_store, began, ctx.latencies, began)
             )
-            sampler = asyncio.create_task(_sampler(server, report, tally, began))
+            sampler = asyncio.create_task(_sampler(server, report, ctx, began))
         while True:
             tally.add(await drive(ctx, plan(kinds, scale, seed + report.rounds)))
             report.rounds += 1
@@ -1530,7 +1532,7 @@ async def _soak(
         if minutes:
             since = began + report.samples[-1].at_s
             report.samples.append(
-                _sample(server.proc.pid, job_store, began, tally, since)
+                _sample(server.proc.pid, job_store, began, ctx.latencies, since)
             )
         burst = await _burst(server, report)
         tally.add(burst, planned=False)
