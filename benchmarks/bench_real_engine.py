@@ -41,6 +41,7 @@ alternating (A, B, A … not all of one then all of the other): which engine
 the scheduler and the allocator favour changes with every start, and a
 single start's verdict would follow it. Each row pools every repetition's
 pairs and prints each repetition's own ratio and how far apart they are.
+``--no-pin`` leaves every process where the scheduler puts it.
 
 ``--quick`` runs every metric a few times (CI: it must not rot), ``--no-http``
 leaves the two servers out, ``--http-only`` the two engines.
@@ -97,6 +98,8 @@ class Rounds:
     # Fresh engines (and servers) per repetition, started in alternating
     # order; the rows pool every repetition's pairs.
     repeat: int = 1
+    # Both sides' engines on the same last core, the client on the others.
+    pin: bool = True
 
 
 FULL = Rounds(
@@ -796,7 +799,7 @@ async def _measure_engines(
     try:
         ours = await starting
         try:
-            with _engines_pinned():
+            with _engines_pinned(rounds.pin):
                 if traced:
                     inproc = InProcessStage(pipeline, direct.engine)
                     return await breakdown(direct, ours, inproc, rounds)
@@ -819,17 +822,17 @@ def _pin(pid: int, cores: set[int]) -> None:
 
 
 @contextlib.contextmanager
-def _engines_pinned() -> Iterator[None]:
+def _engines_pinned(pin: bool) -> Iterator[None]:
     """Both sides' engine processes (vLLM's ``VLLM::EngineCore`` and
     ``VLLM::Worker``, children of this process or of our stage processes)
     on the same last core, this process on the others, while measuring: on
     2 cores the scheduler otherwise places each side's engine its own way,
     and a run's verdict follows the placement, not the contract. Nothing on
-    a single core."""
+    a single core, or without ``pin``."""
     import psutil
 
     cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < 2:
+    if len(cores) < 2 or not pin:
         yield
         return
     for child in psutil.Process().children(recursive=True):
@@ -846,16 +849,16 @@ def _engines_pinned() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _servers_pinned() -> Iterator[tuple[str, ...]]:
+def _servers_pinned(pin: bool) -> Iterator[tuple[str, ...]]:
     """``taskset`` pinning both servers (their engines inherit it) to the same
     last core, with this process (the client) on the others until the
     servers are measured: on 2 cores the scheduler otherwise places each
     side's EngineCore and worker its own way, and a run's verdict follows
-    the placement, not the contract. Nothing on a single core, or without
-    ``taskset``."""
+    the placement, not the contract. Nothing on a single core, without
+    ``taskset`` or without ``pin``."""
     cores = sorted(os.sched_getaffinity(0))
     taskset = shutil.which("taskset")
-    if len(cores) < 2 or taskset is None:
+    if len(cores) < 2 or taskset is None or not pin:
         yield ()
         return
     os.sched_setaffinity(0, cores[:-1])
@@ -897,7 +900,7 @@ def _measure_servers(
         str(engine_args["max_num_seqs"]),
         "--enforce-eager",
     )
-    with _servers_pinned() as pin:
+    with _servers_pinned(rounds.pin) as pin:
         upstream = (*pin, sys.executable, "-m", "vllm.entrypoints.openai.api_server")
         omni = (*pin, console_script("vllm"), "serve")
         starts: dict[str, Callable[[], Any]] = {
@@ -921,6 +924,7 @@ def run(
     settle: bool = True,
     in_process: bool = True,
     repeat: int | None = None,
+    pin: bool = True,
 ) -> list[dict[str, object]]:
     """The rows; the engines in process first, then (``http``) the servers:
     two engines at a time, so a 2-core machine starts them in reasonable time.
@@ -936,6 +940,7 @@ def run(
         rounds = dataclasses.replace(rounds, block=1, settle=False)
     if repeat is not None:
         rounds = dataclasses.replace(rounds, repeat=repeat)
+    rounds = dataclasses.replace(rounds, pin=pin)
     model = build_tiny_model()
     with tempfile.TemporaryDirectory() as tmp:
         pipeline = write_tiny_pipeline(Path(tmp), model, in_process=in_process)
@@ -1011,6 +1016,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"first alternating (default {FULL.repeat}, {QUICK.repeat} with --quick)",
     )
     parser.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="leave every process where the scheduler puts it",
+    )
+    parser.add_argument(
         "--breakdown",
         action="store_true",
         help="instead: where the time goes, hop by hop (Markdown tables)",
@@ -1030,11 +1040,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         settle=not args.no_settle,
         in_process=in_process,
         repeat=args.repeat,
+        pin=not args.no_pin,
     )
     print(
         f"load average {load[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end"
     )
     print(f"our vllm stage: {PLACEMENTS[args.placement]}")
+    print("engines:", "unpinned" if args.no_pin else "both on the last core")
     print(f"{'benchmark':<48} {'ours':>9} {'upstream':>9}  unit")
     for row in rows:
         print(

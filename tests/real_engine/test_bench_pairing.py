@@ -104,3 +104,4 @@ def test_repetitions_pool_their_pairs_and_show_how_far_apart_they_are() -> None:
     (single,) = bench.pooled_rows([first])
     assert single["repeats"] == "1.1" and "between" not in single
     assert bench.FULL.repeat >= 2 and bench.QUICK.repeat == 1
+    assert bench.FULL.pin and bench.QUICK.pin
