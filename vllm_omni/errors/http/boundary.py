@@ -148,6 +148,7 @@ class ErrorBoundary:
         started = False
 
         async def send_tracked(message: Message) -> None:
+            # Notes whether the handshake was answered, and names the answer.
             nonlocal started
             if not started and message["type"] in _START_MESSAGES:
                 started = True
