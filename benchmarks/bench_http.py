@@ -34,17 +34,33 @@ machine hands to other processes in the middle of a block is not counted
 either (it still varies with what shares the core's caches). Requests/s
 are the reciprocal of that CPU time per request.
 
-``python -m benchmarks.bench_http [--quick]`` prints the rows and the
-target table; ``run()`` returns rows for ``python -m benchmarks``.
+``--breakdown`` adds the success route's layers one at a time, all up in
+the same run and timed in the same rotating rounds against the app without
+a boundary: the handlers ``install_error_handling`` registers, one
+pass-through middleware where the boundary goes, then the boundary's own
+steps in its order (abort context, disconnect watch, the ``send`` wrapper,
+a fixed ``X-Request-Id`` header, the request id; ``_Partial`` stops after
+each), then the boundary as installed (with the body limit). Each row
+gives its CPU µs per
+request, what it adds to the row before it (median of the rounds'
+differences) and its Python and C calls per request (counted by
+``cProfile``: exact, whatever the load). The app in this process is
+driven through httpx's ASGI transport, so a header also costs the client
+parsing it.
+
+``python -m benchmarks.bench_http [--quick] [--breakdown]`` prints the rows
+and the target table; ``run()`` returns rows for ``python -m benchmarks``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import json
 import logging
 import os
+import pstats
 import statistics
 import subprocess
 import sys
@@ -55,18 +71,24 @@ import httpx
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 from prometheus_fastapi_instrumentator import Instrumentator
+from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from vllm.entrypoints.serve.exception_handling.register import init_exception_handler
 from vllm.exceptions import VLLMNotFoundError, VLLMValidationError
 
-from benchmarks.paired import met, spread, target_table
+from benchmarks.paired import met, spread, table, target_table
 from vllm_omni.entrypoints.openai.limits import RequestLimits
 from vllm_omni.errors import OmniConflictError, OmniServiceUnavailableError
 from vllm_omni.errors.http import ErrorBoundary, install_error_handling
+from vllm_omni.errors.http.disconnects import DisconnectWatch, Watchlist
+from vllm_omni.errors.http.request_ids import with_request_id
+from vllm_omni.errors.metrics import AbortContext, set_abort_context
 
 BLOCK = 10
 ROUNDS = 400
 QUICK_ROUNDS = 8
+BREAKDOWN_ROUNDS = 300
+PROFILED_REQUESTS = 200
 SUCCESS_TARGET = ">= 0.98"
 TRACING_TARGET = ">= 0.98"
 ERROR_TARGET = ">= 1.2"
@@ -80,7 +102,11 @@ ERRORS: tuple[Callable[[], Exception], ...] = (
 )
 
 
-def _app(boundary: str) -> FastAPI:
+def _app(boundary: str, steps: int | None = None) -> FastAPI:
+    """The bench app: ``boundary`` is ``ours`` (as ``vllm-omni serve``
+    installs it), ``upstream`` (vLLM's handlers), ``none``, or ``handlers``
+    (ours without the boundary middleware; with ``steps``, ``_Partial``
+    in its place)."""
     app = FastAPI()
     app.state.args = argparse.Namespace(log_error_stack=False)
     counter = {"i": 0}
@@ -94,13 +120,19 @@ def _app(boundary: str) -> FastAPI:
         counter["i"] += 1
         raise ERRORS[counter["i"] % len(ERRORS)]()
 
-    if boundary == "ours":
+    if boundary in ("ours", "handlers"):
         limits = RequestLimits()
         install_error_handling(
             app,
             max_request_bytes=limits.max_request_bytes,
             max_ws_message_bytes=limits.max_ws_message_bytes,
         )
+    if boundary == "handlers":
+        app.user_middleware[:] = [
+            m for m in app.user_middleware if m.cls is not ErrorBoundary
+        ]
+        if steps is not None:
+            app.user_middleware.append(Middleware(_Partial, steps=steps))
     elif boundary == "upstream":
         init_exception_handler(app)
     Instrumentator(registry=CollectorRegistry()).instrument(app)
@@ -203,8 +235,10 @@ async def boundary_cost(number: int) -> dict[str, float]:
     return {
         "bare": bare,
         "boundary": await _cpu_us(boundary, number) - bare,
-        # The send path alone: the request id and its response header.
-        "request id": await _cpu_us(boundary._call, number) - bare,
+        # The request id and its response header: the boundary's steps with
+        # it against the same steps without it.
+        "request id": await _cpu_us(_Partial(_bare_app, REQUEST_ID), number)
+        - await _cpu_us(_Partial(_bare_app, SEND), number),
     }
 
 
@@ -260,7 +294,129 @@ def tracing_row(rounds: int) -> dict[str, object]:
     }
 
 
-def run(quick: bool = False) -> list[dict[str, object]]:
+# The boundary's steps on a success, in its order (``_Partial``).
+PASS_THROUGH, ABORT_CONTEXT, WATCH, SEND, HEADER, REQUEST_ID = range(6)
+# The header alone, with a fixed value: what one more response header costs
+# the instrumentator and the client (httpx parses it, its cookie jar too).
+_FIXED_ID = (b"x-request-id", b"0" * 32)
+LAYERS: tuple[tuple[str, str, int | None], ...] = (
+    ("no boundary", "none", None),
+    ("+ install_error_handling's handlers", "handlers", None),
+    ("+ a pass-through middleware in its place", "handlers", PASS_THROUGH),
+    ("+ abort context (per request)", "handlers", ABORT_CONTEXT),
+    ("+ disconnect watch (receive wrapper)", "handlers", WATCH),
+    ("+ send wrapper (start and end noted)", "handlers", SEND),
+    ("+ an X-Request-Id header (fixed value)", "handlers", HEADER),
+    ("+ the request id itself (chosen per request)", "handlers", REQUEST_ID),
+    ("= ErrorBoundary as installed (+ body limit)", "ours", None),
+)
+
+
+class _Partial:
+    """``ErrorBoundary``'s success path up to ``steps`` (its steps in its
+    order), for the breakdown only: the last breakdown row, the boundary
+    itself, shows when this and the boundary drift apart."""
+
+    def __init__(self, app: ASGIApp, steps: int) -> None:
+        self.app = app
+        self.steps = steps
+        self._watchlist: Watchlist | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.steps == PASS_THROUGH:
+            await self.app(scope, receive, send)
+            return
+        context = AbortContext()
+        set_abort_context(context)
+        if self.steps == ABORT_CONTEXT:
+            await self.app(scope, receive, send)
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        if self._watchlist is None or self._watchlist.loop is not task.get_loop():
+            self._watchlist = Watchlist(task.get_loop())
+        watch = DisconnectWatch(receive, context, task, self._watchlist)
+        steps = self.steps
+
+        async def send_tracked(message: Message) -> None:
+            if not watch.started and message["type"] == "http.response.start":
+                watch.started = True
+                if steps == REQUEST_ID:
+                    message = with_request_id(message, scope)
+                elif steps == HEADER:
+                    message = {**message, "headers": [*message["headers"], _FIXED_ID]}
+            elif message["type"] == "http.response.body" and not message.get(
+                "more_body", False
+            ):
+                watch.completed = True
+            await send(message)
+
+        try:
+            await self.app(
+                scope, watch.receive, send if self.steps == WATCH else send_tracked
+            )
+        finally:
+            watch.forget()
+            if watch.watching:
+                await watch.stop()
+
+
+async def _calls_per_request(client: httpx.AsyncClient, number: int) -> float:
+    """Python and C calls per request, counted by ``cProfile``."""
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(number):
+        await client.get("/ok")
+    profile.disable()
+    return pstats.Stats(profile).total_calls / number  # type: ignore[attr-defined,no-any-return]
+
+
+async def breakdown(rounds: int, profiled: int) -> list[dict[str, object]]:
+    """The success route's layers added one at a time (``LAYERS``), all
+    timed in the same rounds; each round starts with a different layer."""
+    clients = [_client(_app(kind, steps)) for _, kind, steps in LAYERS]
+    per_request: list[list[float]] = [[] for _ in LAYERS]
+    try:
+        for client in clients:
+            for _ in range(3):
+                await _block(client, "/ok")  # warm-up, not counted
+        for index in range(rounds):
+            order = list(range(len(clients)))
+            shift = index % len(order)
+            order = order[shift:] + order[:shift]
+            if index % 2:
+                order.reverse()
+            for side in order:
+                seconds = await _block(clients[side], "/ok")
+                per_request[side].append(seconds / BLOCK * 1e6)
+        calls = [await _calls_per_request(c, profiled) for c in clients]
+    finally:
+        for client in clients:
+            await client.aclose()
+    base = per_request[0]
+    rows: list[dict[str, object]] = []
+    for layer, (name, _, _) in enumerate(LAYERS):
+        times = per_request[layer]
+        before = per_request[max(layer - 1, 0)]
+        added = spread(t - b for t, b in zip(times, before, strict=True))
+        total = statistics.median(t - b for t, b in zip(times, base, strict=True))
+        ratio = statistics.median(b / t for t, b in zip(times, base, strict=True))
+        rows.append(
+            {
+                "benchmark": f"breakdown: {name}",
+                "ours": round(statistics.median(times), 1),
+                "added": round(added.median, 2),
+                "spread": str(added),
+                "total": round(total, 2),
+                "ratio": round(ratio, 3),
+                "calls": round(calls[layer] - calls[0], 1),
+                "unit": "CPU us/request",
+            }
+        )
+    return rows
+
+
+def run(quick: bool = False, layers: bool = False) -> list[dict[str, object]]:
     rounds = QUICK_ROUNDS if quick else ROUNDS
     # Error logs would dominate the measurement; both sides run quiet.
     logging.getLogger("vllm_omni.errors").setLevel(logging.CRITICAL)
@@ -297,28 +453,61 @@ def run(quick: bool = False) -> list[dict[str, object]]:
             }
         )
     rows.append(tracing_row(rounds))
+    if layers:
+        rows += asyncio.run(
+            breakdown(
+                QUICK_ROUNDS if quick else BREAKDOWN_ROUNDS,
+                10 if quick else PROFILED_REQUESTS,
+            )
+        )
     return rows
+
+
+def _print_breakdown(rows: Sequence[dict[str, object]]) -> None:
+    header = ("layer", "us/req", "added", "added IQR", "total", "ratio", "calls")
+    body = [
+        (
+            str(row["benchmark"]).removeprefix("breakdown: "),
+            *(
+                str(row[key])
+                for key in ("ours", "added", "spread", "total", "ratio", "calls")
+            ),
+        )
+        for row in rows
+        if str(row["benchmark"]).startswith("breakdown: ")
+    ]
+    print(table(header, body))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_http")
     parser.add_argument("--quick", action="store_true", help="a few rounds only")
     parser.add_argument("--traced", type=int, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="the success route's layers added one at a time, in the same run",
+    )
     args = parser.parse_args(argv)
     if args.traced is not None:
         # The child of ``tracing_row``: one JSON row on stdout.
         logging.getLogger("vllm_omni").setLevel(logging.CRITICAL)
         print(json.dumps(_traced_compare(args.traced)))
         return 0
-    rows = run(quick=args.quick)
+    rows = run(quick=args.quick, layers=args.breakdown)
     print(f"{'benchmark':56} {'ours':>9} {'baseline':>9} {'ratio':>6}  unit")
     for row in rows:
+        if str(row["benchmark"]).startswith("breakdown: "):
+            continue
         print(
             f"{row['benchmark']:56} {row['ours']!s:>9} {row['baseline']!s:>9} "
             f"{row['ratio']!s:>6}  {row['unit']}"
         )
     print()
     print(target_table(rows))
+    if args.breakdown:
+        print()
+        _print_breakdown(rows)
     return 0
 
 

@@ -32,6 +32,17 @@ Run it in the real-engine environment (built by ``requirements/cpu-engine.sh``):
 
     VLLM_OMNI_REAL_ENGINE=1 .venv-cpu-engine/bin/python -m benchmarks.bench_real_engine
 
+Both sides' engines share one core: the HTTP servers are started under
+``taskset`` on the last core (their EngineCore and worker inherit it), the
+in-process engines' ``VLLM::`` processes are pinned there once up; this
+process, the client, runs on the others. A run is ``--repeat`` repetitions
+(3 by default), each with fresh engines and servers, the side started first
+alternating (A, B, A … not all of one then all of the other): which engine
+the scheduler and the allocator favour changes with every start, and a
+single start's verdict would follow it. Each row pools every repetition's
+pairs and prints each repetition's own ratio and how far apart they are.
+``--no-pin`` leaves every process where the scheduler puts it.
+
 ``--quick`` runs every metric a few times (CI: it must not rot), ``--no-http``
 leaves the two servers out, ``--http-only`` the two engines.
 """
@@ -40,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -47,7 +59,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,6 +95,11 @@ class Rounds:
     # machine settles before each block (``settle_seconds``).
     block: int = 1
     settle: bool = False
+    # Fresh engines (and servers) per repetition, started in alternating
+    # order; the rows pool every repetition's pairs.
+    repeat: int = 1
+    # Both sides' engines on the same last core, the client on the others.
+    pin: bool = True
 
 
 FULL = Rounds(
@@ -94,6 +111,7 @@ FULL = Rounds(
     http=100,
     block=10,
     settle=True,
+    repeat=3,
 )
 QUICK = Rounds(warmup=1, ttft=3, stream=2, rejected=3, throughput=1, http=3)
 
@@ -316,6 +334,37 @@ async def paired(
     return pairs
 
 
+Pairs = list[tuple[float, float]]
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """One metric's pairs from one repetition, and how pairs make its row."""
+
+    name: str
+    pairs: Pairs
+    row: Callable[[str, Pairs], dict[str, object]]
+
+
+def pooled_rows(repetitions: Sequence[Sequence[Measured]]) -> list[dict[str, object]]:
+    """One row per metric from every repetition's pairs, with each
+    repetition's own ratio (``repeats``) and how far they are apart
+    (``between``: largest over smallest, minus one; for a time added, the
+    largest minus the smallest)."""
+    rows = []
+    for index, first in enumerate(repetitions[0]):
+        each = [repetition[index] for repetition in repetitions]
+        row = first.row(first.name, [pair for m in each for pair in m.pairs])
+        ratios = [float(m.row(m.name, m.pairs)["ratio"]) for m in each]  # type: ignore[arg-type]
+        row["repeats"] = ", ".join(f"{r:.3g}" for r in ratios)
+        if len(ratios) > 1 and "added" in str(row["unit"]):
+            row["between"] = f"{max(ratios) - min(ratios):.3g} ms apart"
+        elif len(ratios) > 1 and min(ratios) > 0:
+            row["between"] = f"{(max(ratios) / min(ratios) - 1) * 100:.1f} % apart"
+        rows.append(row)
+    return rows
+
+
 def ratio_row(
     name: str, pairs: list[tuple[float, float]], target: str, unit: str, scale: float
 ) -> dict[str, object]:
@@ -369,9 +418,7 @@ def _blocks(rounds: Rounds, count: int) -> dict[str, Any]:
     }
 
 
-async def measure_engines(
-    direct: Direct, ours: Ours, rounds: Rounds
-) -> list[dict[str, object]]:
+async def measure_engines(direct: Direct, ours: Ours, rounds: Rounds) -> list[Measured]:
     ttft = await paired(
         "ttft",
         ours.first_token,
@@ -418,28 +465,32 @@ async def measure_engines(
         1,
         **_blocks(rounds, rounds.throughput),
     )
+
+    def rate_row(name: str, pairs: Pairs) -> dict[str, object]:
+        # Tokens/s: the inverse of seconds per token, so the ratio flips.
+        return {
+            **ratio_row(name, [(t, m) for m, t in pairs], ">= 0.95", "tokens/s", 1.0),
+            "ours": round(1 / statistics.median(m for m, _ in pairs), 1),
+            "baseline": round(1 / statistics.median(t for _, t in pairs), 1),
+        }
+
     return [
-        ratio_row("TTFT, AsyncOmni vs AsyncLLM", ttft, "<= 1.10", "ms", 1e3),
-        ratio_row(
+        Measured(
+            "TTFT, AsyncOmni vs AsyncLLM",
+            ttft,
+            lambda name, pairs: ratio_row(name, pairs, "<= 1.10", "ms", 1e3),
+        ),
+        Measured(
             f"inter-token latency, {STREAM_TOKENS}-token stream",
             itl,
-            "<= 1.05",
-            "ms",
-            1e3,
+            lambda name, pairs: ratio_row(name, pairs, "<= 1.05", "ms", 1e3),
         ),
-        added_row("rejected request (prompt over max_model_len)", rejected, "<= 0.3"),
-        {
-            # Tokens/s: the inverse of seconds per token, so the ratio flips.
-            **ratio_row(
-                f"throughput, {CONCURRENT} concurrent streams",
-                [(t, m) for m, t in rate],
-                ">= 0.95",
-                "tokens/s",
-                1.0,
-            ),
-            "ours": round(1 / statistics.median(m for m, _ in rate), 1),
-            "baseline": round(1 / statistics.median(t for _, t in rate), 1),
-        },
+        Measured(
+            "rejected request (prompt over max_model_len)",
+            rejected,
+            lambda name, pairs: added_row(name, pairs, "<= 0.3"),
+        ),
+        Measured(f"throughput, {CONCURRENT} concurrent streams", rate, rate_row),
     ]
 
 
@@ -694,12 +745,10 @@ async def _http_inter_token(client: Any, url: str) -> float:
     return (arrivals[-1] - arrivals[0]) / (len(arrivals) - 1)
 
 
-async def measure_http(
-    servers: dict[str, Any], rounds: Rounds
-) -> list[dict[str, object]]:
+async def measure_http(servers: dict[str, Any], rounds: Rounds) -> list[Measured]:
     import httpx
 
-    rows = []
+    measured = []
     async with httpx.AsyncClient(timeout=120) as client:
         for name, measure, count in (
             ("HTTP TTFT (completion stream)", _http_first_token, rounds.http),
@@ -715,61 +764,119 @@ async def measure_http(
             pairs = await paired(
                 name, ours, upstream, count, rounds.warmup, **_blocks(rounds, count)
             )
-            rows.append(
-                ratio_row(
+            measured.append(
+                Measured(
                     f"{name}, vllm serve --omni vs vllm serve",
                     pairs,
-                    "<= 1.05",
-                    "ms",
-                    1e3,
+                    lambda name, pairs: ratio_row(name, pairs, "<= 1.05", "ms", 1e3),
                 )
             )
-    return rows
+    return measured
 
 
 async def _measure_engines(
-    pipeline: Path, engine_args: dict[str, Any], rounds: Rounds, traced: bool
-) -> list[dict[str, object]] | str:
+    pipeline: Path,
+    engine_args: dict[str, Any],
+    rounds: Rounds,
+    traced: bool,
+    upstream_first: bool = False,
+) -> list[Measured] | str:
     from vllm_omni.entrypoints.async_omni import AsyncOmni
 
-    # Ours starts in its stage processes while upstream's engine is built here.
-    starting = asyncio.create_task(
-        AsyncOmni.create(pipeline=str(pipeline), startup_timeout_s=600)
-    )
-    await asyncio.sleep(0.5)
-    direct = Direct(engine_args)
+    async def start_ours() -> Ours:
+        return Ours(
+            await AsyncOmni.create(pipeline=str(pipeline), startup_timeout_s=600)
+        )
+
+    if upstream_first:
+        direct = Direct(engine_args)
+        starting = asyncio.create_task(start_ours())
+    else:
+        # Ours starts in its stage processes while upstream's engine is built.
+        starting = asyncio.create_task(start_ours())
+        await asyncio.sleep(0.5)
+        direct = Direct(engine_args)
     try:
-        ours = Ours(await starting)
+        ours = await starting
         try:
-            if traced:
-                inproc = InProcessStage(pipeline, direct.engine)
-                return await breakdown(direct, ours, inproc, rounds)
-            return await measure_engines(direct, ours, rounds)
+            with _engines_pinned(rounds.pin):
+                if traced:
+                    inproc = InProcessStage(pipeline, direct.engine)
+                    return await breakdown(direct, ours, inproc, rounds)
+                return await measure_engines(direct, ours, rounds)
         finally:
             ours.shutdown()
     finally:
         direct.shutdown()
 
 
-def _server_cores() -> tuple[str, ...]:
+def _pin(pid: int, cores: set[int]) -> None:
+    """Every thread of process ``pid`` on ``cores`` (the affinity of a pid
+    is its main thread's alone)."""
+    import psutil
+
+    with contextlib.suppress(psutil.Error, OSError):
+        for thread in psutil.Process(pid).threads():
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(thread.id, cores)
+
+
+@contextlib.contextmanager
+def _engines_pinned(pin: bool) -> Iterator[None]:
+    """Both sides' engine processes (vLLM's ``VLLM::EngineCore`` and
+    ``VLLM::Worker``, children of this process or of our stage processes)
+    on the same last core, this process on the others, while measuring: on
+    2 cores the scheduler otherwise places each side's engine its own way,
+    and a run's verdict follows the placement, not the contract. Nothing on
+    a single core, or without ``pin``."""
+    import psutil
+
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2 or not pin:
+        yield
+        return
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if child.name().startswith("VLLM::") or any(
+                part.startswith("VLLM::") for part in child.cmdline()[:1]
+            ):
+                _pin(child.pid, {cores[-1]})
+    _pin(os.getpid(), set(cores[:-1]))
+    try:
+        yield
+    finally:
+        _pin(os.getpid(), set(cores))
+
+
+@contextlib.contextmanager
+def _servers_pinned(pin: bool) -> Iterator[tuple[str, ...]]:
     """``taskset`` pinning both servers (their engines inherit it) to the same
-    last core, with this process (the client) on the others: on 2 cores the
-    scheduler otherwise places each side's EngineCore and worker its own way,
-    and a run's verdict follows the placement, not the contract. Nothing on a
-    single core, or without ``taskset``."""
+    last core, with this process (the client) on the others until the
+    servers are measured: on 2 cores the scheduler otherwise places each
+    side's EngineCore and worker its own way, and a run's verdict follows
+    the placement, not the contract. Nothing on a single core, without
+    ``taskset`` or without ``pin``."""
     cores = sorted(os.sched_getaffinity(0))
     taskset = shutil.which("taskset")
-    if len(cores) < 2 or taskset is None:
-        return ()
+    if len(cores) < 2 or taskset is None or not pin:
+        yield ()
+        return
     os.sched_setaffinity(0, cores[:-1])
-    return (taskset, "-c", str(cores[-1]))
+    try:
+        yield (taskset, "-c", str(cores[-1]))
+    finally:
+        os.sched_setaffinity(0, cores)
 
 
 def _measure_servers(
-    directory: Path, engine_args: dict[str, Any], rounds: Rounds
-) -> list[dict[str, object]]:
-    """Both servers up at once (started side by side) with the same arguments,
-    ``--omni`` (and its start-up timeout) only on ours, then measured.
+    directory: Path,
+    engine_args: dict[str, Any],
+    rounds: Rounds,
+    upstream_first: bool = False,
+) -> list[Measured]:
+    """Both servers up at once (started side by side, ``upstream_first`` or
+    ours first) with the same arguments, ``--omni`` (and its start-up
+    timeout) only on ours, then measured.
 
     Upstream runs as ``python -m vllm.entrypoints.openai.api_server``, what
     ``vllm serve`` runs for one API server (``run_server`` on uvloop): the
@@ -793,23 +900,21 @@ def _measure_servers(
         str(engine_args["max_num_seqs"]),
         "--enforce-eager",
     )
-    pin = _server_cores()
-    upstream = (*pin, sys.executable, "-m", "vllm.entrypoints.openai.api_server")
-    servers = {
-        "upstream": start_command(
-            directory / "upstream", upstream, *same, job_store=False
-        ),
-        "omni": start_command(
-            directory / "omni",
-            (*pin, console_script("vllm"), "serve"),
-            *same,
-            "--omni",
-            "--startup-timeout",
-            "600",
-        ),
-    }
-    with running_servers(servers) as ready:
-        return asyncio.run(measure_http(ready, rounds))
+    with _servers_pinned(rounds.pin) as pin:
+        upstream = (*pin, sys.executable, "-m", "vllm.entrypoints.openai.api_server")
+        omni = (*pin, console_script("vllm"), "serve")
+        starts: dict[str, Callable[[], Any]] = {
+            "upstream": lambda: start_command(
+                directory / "upstream", upstream, *same, job_store=False
+            ),
+            "omni": lambda: start_command(
+                directory / "omni", omni, *same, "--omni", "--startup-timeout", "600"
+            ),
+        }
+        order = ("upstream", "omni") if upstream_first else ("omni", "upstream")
+        servers = {name: starts[name]() for name in order}
+        with running_servers(servers) as ready:
+            return asyncio.run(measure_http(ready, rounds))
 
 
 def run(
@@ -818,9 +923,13 @@ def run(
     engines: bool = True,
     settle: bool = True,
     in_process: bool = True,
+    repeat: int | None = None,
+    pin: bool = True,
 ) -> list[dict[str, object]]:
     """The rows; the engines in process first, then (``http``) the servers:
-    two engines at a time, so a 2-core machine starts them in reasonable time."""
+    two engines at a time, so a 2-core machine starts them in reasonable time.
+    Each of ``repeat`` repetitions (default: the rounds') starts fresh
+    engines and servers, the side started first alternating."""
     import yaml
 
     from tests.real_engine.conftest import write_tiny_pipeline
@@ -829,22 +938,34 @@ def run(
     rounds = QUICK if quick else FULL
     if not settle:
         rounds = dataclasses.replace(rounds, block=1, settle=False)
+    if repeat is not None:
+        rounds = dataclasses.replace(rounds, repeat=repeat)
+    rounds = dataclasses.replace(rounds, pin=pin)
     model = build_tiny_model()
     with tempfile.TemporaryDirectory() as tmp:
         pipeline = write_tiny_pipeline(Path(tmp), model, in_process=in_process)
         stages = yaml.safe_load(pipeline.read_text())["stages"]
         vllm_stage = next(s for s in stages if s["kind"] == "vllm")
         engine_args = vllm_stage["options"]["engine_args"]
-        rows: list[dict[str, object]] = []
+        repetitions: list[list[Measured]] = [[] for _ in range(rounds.repeat)]
         if engines:
-            measured = asyncio.run(
-                _measure_engines(pipeline, engine_args, rounds, False)
-            )
-            assert isinstance(measured, list)
-            rows += measured
+            for index, measured in enumerate(repetitions):
+                found = asyncio.run(
+                    _measure_engines(
+                        pipeline, engine_args, rounds, False, index % 2 == 1
+                    )
+                )
+                assert isinstance(found, list)
+                measured += found
         if http:
-            rows += _measure_servers(Path(tmp), engine_args, rounds)
-    return rows
+            for index, measured in enumerate(repetitions):
+                measured += _measure_servers(
+                    Path(tmp) / f"servers-{index}",
+                    engine_args,
+                    rounds,
+                    index % 2 == 1,
+                )
+    return pooled_rows(repetitions)
 
 
 def run_breakdown(quick: bool = False, in_process: bool = True) -> str:
@@ -889,6 +1010,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(in_process: true) or in a stage process of its own",
     )
     parser.add_argument(
+        "--repeat",
+        type=int,
+        help="fresh engines and servers this many times, the side started "
+        f"first alternating (default {FULL.repeat}, {QUICK.repeat} with --quick)",
+    )
+    parser.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="leave every process where the scheduler puts it",
+    )
+    parser.add_argument(
         "--breakdown",
         action="store_true",
         help="instead: where the time goes, hop by hop (Markdown tables)",
@@ -907,11 +1039,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         engines=not args.http_only,
         settle=not args.no_settle,
         in_process=in_process,
+        repeat=args.repeat,
+        pin=not args.no_pin,
     )
     print(
         f"load average {load[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end"
     )
     print(f"our vllm stage: {PLACEMENTS[args.placement]}")
+    print("engines:", "unpinned" if args.no_pin else "both on the last core")
     print(f"{'benchmark':<48} {'ours':>9} {'upstream':>9}  unit")
     for row in rows:
         print(
@@ -920,6 +1055,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     print()
     print(target_table(rows))
+    print()
+    print("each repetition's ratio (fresh engines and servers), and how far apart")
+    for row in rows:
+        print(f"  {row['benchmark']:<56} {row['repeats']}  {row.get('between', '')}")
     return 1 if failed(rows) else 0
 
 

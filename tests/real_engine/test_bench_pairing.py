@@ -85,3 +85,23 @@ def test_settle_time_is_upstream_spin_time_plus_a_margin() -> None:
     spin = inspect.signature(SpinCondition).parameters["busy_loop_s"].default
     assert bench.settle_seconds() == pytest.approx(spin + 0.2)
     assert bench.FULL.settle and not bench.QUICK.settle
+
+
+def test_repetitions_pool_their_pairs_and_show_how_far_apart_they_are() -> None:
+    """Each repetition (fresh engines) keeps its own ratio beside the row
+    made of every repetition's pairs."""
+
+    def row(name: str, pairs: bench.Pairs) -> dict[str, object]:
+        return bench.ratio_row(name, pairs, "<= 1.05", "ms", 1e3)
+
+    first = [bench.Measured("ttft", [(1.0, 1.0), (1.1, 1.0), (1.2, 1.0)], row)]
+    second = [bench.Measured("ttft", [(1.3, 1.0), (1.4, 1.0), (1.5, 1.0)], row)]
+    (pooled,) = bench.pooled_rows([first, second])
+    assert pooled["ratio"] == pytest.approx(1.25)
+    assert pooled["repeats"] == "1.1, 1.4"
+    assert pooled["between"] == "27.3 % apart"
+    assert pooled["met"] is False
+    (single,) = bench.pooled_rows([first])
+    assert single["repeats"] == "1.1" and "between" not in single
+    assert bench.FULL.repeat >= 2 and bench.QUICK.repeat == 1
+    assert bench.FULL.pin and bench.QUICK.pin

@@ -74,13 +74,23 @@ RAW_FALLBACKS_TOTAL = Counter(
 )
 
 
+# ``ERRORS_TOTAL``'s series by their labels: ``labels()`` validates and
+# locks on every call (about 3 µs), a dictionary hit costs a tenth of that.
+# As many entries as the counter has series.
+_ERROR_SERIES: dict[tuple[str, str, str, int], Counter] = {}
+
+
 def record_error(transport: Transport, details: OmniErrorDetails) -> None:
     """Count one rendered error, and note it on its request's outcome
     (``errors.outcome``: what a trace of the request shows)."""
     note(details)
-    ERRORS_TOTAL.labels(
-        transport, details.category, details.error_type, str(details.status_code)
-    ).inc()
+    key = (transport, details.category, details.error_type, details.status_code)
+    series = _ERROR_SERIES.get(key)
+    if series is None:
+        series = _ERROR_SERIES[key] = ERRORS_TOTAL.labels(
+            transport, details.category, details.error_type, str(details.status_code)
+        )
+    series.inc()
     if details.faulted:
         stage = ENGINE_WIDE if details.stage_id is None else str(details.stage_id)
         FAULTED_REFUSALS_TOTAL.labels(stage).inc()

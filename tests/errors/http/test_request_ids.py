@@ -4,6 +4,7 @@ success or error, and the error body names the same id."""
 
 from __future__ import annotations
 
+import os
 import re
 
 import httpx
@@ -108,6 +109,30 @@ def test_the_id_is_decided_once_per_scope() -> None:
     assert NEW_ID.fullmatch(first)
     scope["headers"] = [(b"x-request-id", b"good-id")]
     assert scope_request_id(scope) == first
+
+
+def test_new_ids_are_distinct_across_draws_and_forks() -> None:
+    """Fresh ids come from one ``os.urandom`` draw per few hundred requests:
+    every one is 32 hex digits, none repeats (across draws too), and a
+    forked child (a server's worker) does not hand out its parent's next
+    ids."""
+    ids = [scope_request_id(http_scope()) for _ in range(1000)]
+    assert all(NEW_ID.fullmatch(rid) for rid in ids)
+    assert len(set(ids)) == len(ids)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next ids, then out without pytest's exit
+        os.close(read)
+        child = ",".join(scope_request_id(http_scope()) for _ in range(8))
+        os.write(write, child.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        child_ids = pipe.read().split(",")
+    os.waitpid(pid, 0)
+    parent_ids = [scope_request_id(http_scope()) for _ in range(8)]
+    assert len(child_ids) == 8 and all(NEW_ID.fullmatch(rid) for rid in child_ids)
+    assert not set(child_ids) & set(parent_ids)
 
 
 def test_with_request_id_adds_the_header_only_when_missing() -> None:

@@ -11,6 +11,7 @@ the innermost user middleware (``register``) and render only through
 from __future__ import annotations
 
 import asyncio
+from asyncio import current_task
 
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -70,32 +71,16 @@ class ErrorBoundary:
         self._watchlist: Watchlist | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket"):
-            if scope["type"] == "lifespan" and not self._warmed:
-                # Upstream's launcher module (terminate_if_errored) costs
-                # 3-4 s of imports, the sanitizer's rule set a few tenths:
-                # load them beside startup, not before it.
-                self._warmed = True
-                warm_launcher()
-                warm_rule_set()
-            await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            await self._other(scope, receive, send)
             return
         # Per request (uvicorn runs each in its own task): the engine reads
         # the reason when it aborts.
         context = AbortContext()
         set_abort_context(context)
-        if scope["type"] == "websocket":
-            ws_send = websocket_send(send, context)
-            ws_receive = websocket_receive(receive, context)
-            if self.max_ws_message_bytes is not None:
-                ws_receive = limit_messages(
-                    scope, ws_receive, ws_send, self.max_ws_message_bytes, self.mode
-                )
-            await self._call(scope, ws_receive, ws_send)
-            return
         # The route runs in this task; the watch cancels it when the client
         # leaves before the response started (and takes the cancel back).
-        task = asyncio.current_task()
+        task = current_task()
         assert task is not None
         watchlist = self._watchlist
         if watchlist is None or watchlist.loop is not task.get_loop():
@@ -104,8 +89,30 @@ class ErrorBoundary:
         route_receive = watch.receive
         if self.max_request_bytes is not None:
             route_receive = limit_body(scope, route_receive, self.max_request_bytes)
+
+        async def send_tracked(message: Message) -> None:
+            # Notes the response's start (named: one lookup, one header) and
+            # its end for the watch; nothing else per body chunk.
+            if not watch.started and message["type"] == "http.response.start":
+                watch.started = True
+                message = with_request_id(message, scope)
+            elif message["type"] == "http.response.body" and not message.get(
+                "more_body", False
+            ):
+                watch.completed = True
+            await send(message)
+
         try:
-            await self._call(scope, route_receive, send, watch)
+            try:
+                await self.app(scope, route_receive, send_tracked)
+            except ClientDisconnect:
+                # The body could not be read to its end: the client went
+                # away (accounted below). Not an error: nothing to render.
+                pass
+            except Exception as exc:
+                await self._failed(
+                    exc, scope, route_receive, send_tracked, watch.started
+                )
         except asyncio.CancelledError:
             if not watch.cancelled_route:
                 raise  # the server is stopping, not the client
@@ -118,51 +125,66 @@ class ErrorBoundary:
         if watch.disconnected and not watch.started:
             await watch.closed_before_start(scope, send)
 
-    async def _call(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        watch: DisconnectWatch | None = None,
-    ) -> None:
+    async def _other(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A WebSocket session, or anything that is not a request (lifespan)."""
+        if scope["type"] != "websocket":
+            if scope["type"] == "lifespan" and not self._warmed:
+                # Upstream's launcher module (terminate_if_errored) costs
+                # 3-4 s of imports, the sanitizer's rule set a few tenths:
+                # load them beside startup, not before it.
+                self._warmed = True
+                warm_launcher()
+                warm_rule_set()
+            await self.app(scope, receive, send)
+            return
+        context = AbortContext()
+        set_abort_context(context)
+        ws_send = websocket_send(send, context)
+        ws_receive = websocket_receive(receive, context)
+        if self.max_ws_message_bytes is not None:
+            ws_receive = limit_messages(
+                scope, ws_receive, ws_send, self.max_ws_message_bytes, self.mode
+            )
         started = False
 
         async def send_tracked(message: Message) -> None:
-            # Notes whether the response has started (and completed, for the
-            # watch), and names it: one lookup and one header per response.
+            # Notes whether the handshake was answered, and names the answer.
             nonlocal started
             if not started and message["type"] in _START_MESSAGES:
                 started = True
-                if watch is not None:
-                    watch.started = True
                 if message["type"] in _HEADER_STARTS:
                     message = with_request_id(message, scope)
-            elif (
-                watch is not None
-                and message["type"] == "http.response.body"
-                and not message.get("more_body", False)
-            ):
-                watch.completed = True
-            await send(message)
+            await ws_send(message)
 
         try:
-            await self.app(scope, receive, send_tracked)
+            await self.app(scope, ws_receive, send_tracked)
         except ClientDisconnect:
-            # The body could not be read to its end: the client went away
-            # (the caller accounts for it). Not an error: nothing to render.
             return
         except Exception as exc:
-            details = failure_details(exc, scope, app=scope.get("app"), mode=self.mode)
-            if started:
-                # Headers are out: a stream must have rendered its own terminal
-                # event. All that is left is to end the body cleanly.
-                if scope["type"] == "http":
-                    await send_tracked(
-                        {"type": "http.response.body", "body": b"", "more_body": False}
-                    )
-                return
+            await self._failed(exc, scope, ws_receive, send, started)
+
+    async def _failed(
+        self,
+        exc: Exception,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        started: bool,
+    ) -> None:
+        """Account for ``exc`` and answer with the canonical error, or, when
+        the response already started, end it (``send``: the tracked one for
+        HTTP, the client's own for a WebSocket denial)."""
+        details = failure_details(exc, scope, app=scope.get("app"), mode=self.mode)
+        if started:
+            # Headers are out: a stream must have rendered its own terminal
+            # event. All that is left is to end the body cleanly.
             if scope["type"] == "http":
-                response = http_error_response(details, replayed=is_replayed(exc))
-                await response(scope, receive, send_tracked)
-            else:
-                await deny_websocket(scope, send, details)
+                await send(
+                    {"type": "http.response.body", "body": b"", "more_body": False}
+                )
+            return
+        if scope["type"] == "http":
+            response = http_error_response(details, replayed=is_replayed(exc))
+            await response(scope, receive, send)
+        else:
+            await deny_websocket(scope, send, details)
