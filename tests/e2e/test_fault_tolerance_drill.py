@@ -274,7 +274,13 @@ def test_a_stage_faults_and_recovers_under_load(drill: Drill) -> None:
     stage = _status(drill)[STAGE]
     assert stage["status"] in ("diagnosing", "unhealthy")
     assert stage["engines"][0]["status"] in ("diagnosing", "unhealthy")
-    _until(lambda: _status(drill)[STAGE]["recovering"])
+    # The server's view first, then the engine's entry (its next heartbeat).
+    _until(
+        lambda: (
+            _status(drill)[STAGE]["recovering"]
+            and "ft_state" in _status(drill)[STAGE]["engines"][0]
+        )
+    )
     recovering = _status(drill)[STAGE]
     assert recovering["recovering"].startswith("omni-recovery-")
     assert recovering["engines"][0]["ft_state"] == "recovering"

@@ -144,6 +144,7 @@ class FaultTolerantLLM:
         sampling_params: Any,
         request_id: str,
         lora_request: Any = None,
+        trace_headers: Any = None,
         priority: int = 0,
     ) -> AsyncIterator[RequestOutput]:
         if self._dead:

@@ -38,6 +38,7 @@ from vllm_omni.errors import (
     OmniConflictError,
     OmniEngineDeadError,
     OmniServiceUnavailableError,
+    VLLMNotFoundError,
     VLLMValidationError,
 )
 from vllm_omni.errors.render import retry_headers, should_retry
@@ -197,9 +198,9 @@ async def test_one_recovery_at_a_time_and_only_while_unhealthy(
     with pytest.raises(VLLMValidationError) as unknown:
         omni.apply_fault_instruction(STAGE_ID, "reboot", {}, "op-2")
     assert unknown.value.details.parameter == "instruction"  # type: ignore[attr-defined]
-    with pytest.raises(VLLMValidationError) as no_ft:
+    with pytest.raises(VLLMNotFoundError) as no_ft:
         omni.apply_fault_instruction(0, "retry", {}, "op-3")
-    assert no_ft.value.details.parameter == "stage_id"  # type: ignore[attr-defined]
+    assert no_ft.value.details.status_code == 404  # type: ignore[attr-defined]
     llm.fault()
     await _until(lambda: llm.status == "unhealthy")
     await _until(
@@ -228,3 +229,14 @@ async def test_an_engine_that_gives_up_kills_the_engine(
         assert _status("dead") == 1
     finally:
         omni.shutdown()
+
+
+def test_the_apply_routes_instructions_are_the_engines() -> None:
+    """``/openapi.json`` offers exactly the instructions the server starts."""
+    from typing import get_args
+
+    from vllm_omni.engine.fault_tolerance import INSTRUCTIONS
+    from vllm_omni.entrypoints.openai.protocol import FaultToleranceApplyRequest
+
+    annotation = FaultToleranceApplyRequest.model_fields["instruction"].annotation
+    assert set(get_args(annotation)) == INSTRUCTIONS

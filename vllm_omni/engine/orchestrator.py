@@ -120,6 +120,7 @@ from vllm_omni.errors import (
     OmniEngineDeadError,
     OmniServiceUnavailableError,
     OmniStageTimeoutError,
+    VLLMNotFoundError,
     VLLMValidationError,
     fatal_reason,
     normalize,
@@ -1052,7 +1053,7 @@ class Orchestrator:
         """Start a fault-tolerance instruction at a stage's engine (vLLM
         0.34's ``/v1/fault_tolerance/apply``); its result shows in
         ``fault_tolerance_status``. Raises when it cannot start: an unknown
-        instruction or stage, or a stage without fault tolerance (400), a
+        instruction (400), a stage without fault tolerance (404), a
         stage that is not waiting for one or is recovering already (409)."""
         self._check_serving()
         if instruction not in INSTRUCTIONS:
@@ -1063,10 +1064,9 @@ class Orchestrator:
         handle = self._handles.get(stage_id)
         if handle is None or handle.fault.status is None:
             tolerant = ", ".join(map(str, self.fault_tolerant_stages())) or "none"
-            raise VLLMValidationError(
-                "stage_id must name a stage whose engine runs fault tolerance "
-                f"({tolerant})",
-                parameter="stage_id",
+            raise VLLMNotFoundError(
+                f"Stage {stage_id} has no engine that runs fault tolerance "
+                f"(stages that have one: {tolerant})."
             )
         name = handle.config.name
         if handle.fault.recovering is not None:

@@ -72,7 +72,7 @@ def form_entries(text: object) -> object:
     ``lora``); text that is not JSON is a 400 naming the field."""
     try:
         return json.loads(text) if isinstance(text, str) else None
-    except (ValueError, RecursionError):
+    except (json.JSONDecodeError, RecursionError):
         raise VLLMValidationError(
             f"{PARAMETER} in a form must be JSON text: a list with one entry per stage",
             parameter=PARAMETER,

@@ -188,9 +188,9 @@ def end_server_span(
         attributes.update(a.record_attributes(details))
         if a.is_error(details):
             span.set_status(Status(StatusCode.ERROR, details.message))
-    elif status is not None and status >= 500:
-        attributes[a.ERROR_TYPE] = str(status)
-        span.set_status(Status(StatusCode.ERROR))
+    # Without a record nothing failed that the boundary saw (it records every
+    # error it renders, and sits inside this span): the status code alone is
+    # kept, never read as an owner (docs/design.md §2).
     span.set_attributes(attributes)
     span.end()
     otel_context.detach(token)  # type: ignore[arg-type]

@@ -284,7 +284,7 @@ class FaultToleranceApplyRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    instruction: str = Field(min_length=1)
+    instruction: Literal["retry", "scale_down"]
     params: dict[str, Any] = {}
     request_id: str = Field(min_length=1, max_length=128)
     stage_id: int | None = Field(default=None, ge=0, le=INT64_MAX)

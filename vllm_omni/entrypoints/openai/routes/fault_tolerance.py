@@ -8,8 +8,9 @@ recoveries. ``POST /v1/fault_tolerance/apply`` starts an instruction at one
 stage's engine, as vLLM's route does (202, then poll the status); the server
 starts a ``retry`` by itself as soon as an engine is ``unhealthy``, so this
 is for the other instructions and for a retry after a failed one. Errors
-are the canonical envelope: a bad body or a stage without fault tolerance
-400, a stage not waiting for an instruction or already recovering 409.
+are the canonical envelope: a bad body 400, a stage (or a pipeline) without
+fault tolerance 404, a stage not waiting for an instruction or already
+recovering 409.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from fastapi.responses import JSONResponse
 
 from vllm_omni.entrypoints.openai.protocol import FaultToleranceApplyRequest
 from vllm_omni.entrypoints.openai.serving_common import engine_of
-from vllm_omni.errors import VLLMValidationError
+from vllm_omni.errors import VLLMNotFoundError, VLLMValidationError
 
 __all__ = ["router"]
 
@@ -47,6 +48,10 @@ async def apply_fault_instruction(
             for stage in engine.fault_tolerance_status()
             if stage["fault_tolerance"]
         ]
+        if not tolerant:
+            raise VLLMNotFoundError(
+                "No stage of this pipeline has an engine that runs fault tolerance."
+            )
         if len(tolerant) != 1:
             raise VLLMValidationError(
                 "stage_id is required: "
