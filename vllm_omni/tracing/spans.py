@@ -71,7 +71,25 @@ def record(span: Span, details: OmniErrorDetails) -> None:
         span.set_status(Status(StatusCode.ERROR, details.message))
 
 
-class StageSpan:
+class _Span:
+    """What a stage's span and a caller's root span share: the headers the
+    engine continues, a success and a failure with its record."""
+
+    _span: Span
+
+    def headers(self, incoming: dict[str, str] | None) -> dict[str, str] | None:
+        """What the stage's engine continues (``trace_headers``): this span."""
+        return carrier(trace.set_span_in_context(self._span))
+
+    def finish(self) -> None:
+        self._span.end()
+
+    def fail(self, details: OmniErrorDetails) -> None:
+        record(self._span, details)
+        self._span.end()
+
+
+class StageSpan(_Span):
     """One stage's work on one request, in the process that runs the stage."""
 
     def __init__(
@@ -96,17 +114,6 @@ class StageSpan:
             },
         )
 
-    def headers(self, incoming: dict[str, str] | None) -> dict[str, str] | None:
-        """What the stage's engine continues (``trace_headers``): this span."""
-        return carrier(trace.set_span_in_context(self._span))
-
-    def finish(self) -> None:
-        self._span.end()
-
-    def fail(self, details: OmniErrorDetails) -> None:
-        record(self._span, details)
-        self._span.end()
-
     def abort(self) -> None:
         """The orchestrator aborted the request here (its deadline, its
         client gone, another stage failed): not this stage's failure."""
@@ -114,7 +121,7 @@ class StageSpan:
         self._span.end()
 
 
-class RootSpan:
+class RootSpan(_Span):
     """The span of one request of a Python caller (``AsyncOmni.generate``
     outside any traced request): what its stages continue. Never made
     current: an async generator's context is its consumer's."""
@@ -128,16 +135,6 @@ class RootSpan:
             kind=SpanKind.SERVER,
             attributes={a.REQUEST_ID: request_id},
         )
-
-    def headers(self, incoming: dict[str, str] | None) -> dict[str, str] | None:
-        return carrier(trace.set_span_in_context(self._span))
-
-    def finish(self) -> None:
-        self._span.end()
-
-    def fail(self, details: OmniErrorDetails) -> None:
-        record(self._span, details)
-        self._span.end()
 
     def abort(self) -> None:
         self._span.set_attribute(a.ABORT_REASON, "cancelled")
