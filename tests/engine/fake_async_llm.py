@@ -36,6 +36,7 @@ from vllm.exceptions import VLLMValidationError
 from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.v1.engine.exceptions import EngineDeadError
 
+from tests.engine.async_llm_fake import AsyncLLMFake
 from vllm_omni.config import PipelineConfig, StageConfig
 from vllm_omni.stages.vllm_backend import VLLMStage
 
@@ -45,12 +46,13 @@ REPLY = ("one", " two", " three")
 _LABELS = ["model_name", "engine"]
 
 
-class FakeAsyncLLM:
+class FakeAsyncLLM(AsyncLLMFake):
     """The engines built in this process, newest last (``built``)."""
 
     built: ClassVar[list[FakeAsyncLLM]] = []
 
     def __init__(self, engine_args: dict[str, Any]) -> None:
+        super().__init__()
         self.model = engine_args["served_model_name"]
         self.running = Gauge(
             "vllm:num_requests_running", "Running requests.", _LABELS
@@ -60,8 +62,6 @@ class FakeAsyncLLM:
         ).labels(self.model, "0")
         # vLLM 0.34 registers its render histogram on the first render.
         self.render_duration: Any = None
-        self.closed: list[str] = []
-        self.was_shut_down = False
         self._dead = asyncio.Event()
         FakeAsyncLLM.built.append(self)
 
@@ -77,14 +77,8 @@ class FakeAsyncLLM:
         """The EngineCore is gone: every request it holds fails."""
         self._dead.set()
 
-    async def generate(
-        self,
-        prompt: str,
-        sampling_params: Any,
-        request_id: str,
-        lora_request: Any = None,
-        trace_headers: Any = None,
-        priority: int = 0,
+    async def stream(
+        self, prompt: str, request_id: str
     ) -> AsyncIterator[RequestOutput]:
         if self.errored:
             raise EngineDeadError()
@@ -131,14 +125,8 @@ class FakeAsyncLLM:
                     finished=last,
                 )
             self.success.inc()
-        except (GeneratorExit, asyncio.CancelledError):
-            self.closed.append(request_id)  # AsyncLLM aborts the request here
-            raise
         finally:
             self.running.dec()
-
-    def shutdown(self) -> None:
-        self.was_shut_down = True
 
 
 class FakeVLLMStage(VLLMStage):

@@ -48,6 +48,7 @@ from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.v1.engine.exceptions import EngineDeadError
 from vllm.v1.fault_tolerance.utils import FaultToleranceRequest, FaultToleranceResult
 
+from tests.engine.async_llm_fake import AsyncLLMFake
 from vllm_omni.config import PipelineConfig, StageConfig
 from vllm_omni.stages.vllm_backend import VLLMStage, _Inputs, _offline_sampling_params
 
@@ -99,12 +100,13 @@ class _Client:
         self._engine_status[0] = payload
 
 
-class FaultTolerantLLM:
+class FaultTolerantLLM(AsyncLLMFake):
     """The engines built in this process, newest last (``built``)."""
 
     built: ClassVar[list[FaultTolerantLLM]] = []
 
     def __init__(self, engine_args: Mapping[str, Any]) -> None:
+        super().__init__()
         self.recovery_s = float(engine_args.get("recovery_s", 0.5))
         self.diagnose_s = float(engine_args.get("diagnose_s", 0.1))
         window = int(engine_args.get("window_s", 30))
@@ -138,14 +140,8 @@ class FaultTolerantLLM:
     def status(self) -> str:
         return str(self.engine_core.engine_status.get("status"))
 
-    async def generate(
-        self,
-        prompt: str,
-        sampling_params: Any,
-        request_id: str,
-        lora_request: Any = None,
-        trace_headers: Any = None,
-        priority: int = 0,
+    async def stream(
+        self, prompt: str, request_id: str
     ) -> AsyncIterator[RequestOutput]:
         if self._dead:
             raise EngineDeadError()
@@ -197,6 +193,7 @@ class FaultTolerantLLM:
         }
 
     def shutdown(self) -> None:
+        super().shutdown()
         for task in self._tasks:
             task.cancel()
 

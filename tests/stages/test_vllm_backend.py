@@ -20,6 +20,7 @@ from vllm.outputs import (
 )
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
+from tests.engine.async_llm_fake import AsyncLLMFake
 from vllm_omni.config import StageConfig, pipeline_from_mapping
 from vllm_omni.engine.messages import Payload, Submit
 from vllm_omni.errors import (
@@ -69,43 +70,23 @@ def failed_output(error: RequestError) -> PoolingRequestOutput[Any]:
     )
 
 
-class FakeAsyncLLM:
+class FakeAsyncLLM(AsyncLLMFake):
     """Yields scripted outputs; an exception in the script is raised there."""
 
     def __init__(self, script: list[Any]) -> None:
+        super().__init__()
         self.script = script
-        self.closed = False
-        self.sampling_params: Any = None
-        self.lora_requests: list[Any] = []
         self.added_loras: list[Any] = []
-        self.was_shut_down = False
 
     async def add_lora(self, lora_request: Any) -> bool:
         self.added_loras.append(lora_request)
         return True
 
-    async def generate(
-        self,
-        prompt: str,
-        sampling_params: Any,
-        request_id: str,
-        lora_request: Any = None,
-        trace_headers: Any = None,
-        priority: int = 0,
-    ) -> AsyncIterator[Any]:
-        self.sampling_params = sampling_params
-        self.lora_requests.append(lora_request)
-        try:
-            for step in self.script:
-                if isinstance(step, BaseException):
-                    raise step
-                yield step
-        except GeneratorExit:
-            self.closed = True  # AsyncLLM aborts the request here
-            raise
-
-    def shutdown(self) -> None:
-        self.was_shut_down = True
+    async def stream(self, prompt: Any, request_id: str) -> AsyncIterator[Any]:
+        for step in self.script:
+            if isinstance(step, BaseException):
+                raise step
+            yield step
 
 
 def make_stage(
