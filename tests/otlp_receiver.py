@@ -16,8 +16,10 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+import httpx
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -26,7 +28,25 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
-__all__ = ["Receiver", "Span", "TraceParent", "receiver", "tree"]
+from tests.e2e.omni_server import OmniServer, start_server
+
+__all__ = [
+    "TRACE_ENV",
+    "Receiver",
+    "Span",
+    "TraceParent",
+    "post_chat",
+    "receiver",
+    "start_traced_server",
+    "tree",
+]
+
+# What the tests' servers export with: OTLP/HTTP (the receiver's protocol),
+# each process's spans leaving within a twentieth of a second.
+TRACE_ENV = {
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+    "OTEL_BSP_SCHEDULE_DELAY": "50",
+}
 
 # The span kinds and status codes by their proto names, without the prefix.
 KINDS = {
@@ -196,3 +216,38 @@ def receiver() -> Iterator[Receiver]:
         yield started
     finally:
         started.stop()
+
+
+def start_traced_server(
+    directory: Path,
+    pipeline: Path | str,
+    collector: Receiver,
+    *,
+    env: dict[str, str] | None = None,
+    extra_args: tuple[str, ...] = (),
+) -> OmniServer:
+    """``start_server`` exporting its traces to ``collector`` (not waited
+    for: the caller waits as its backend needs)."""
+    return start_server(
+        directory,
+        pipeline,
+        env={**TRACE_ENV, **(env or {})},
+        extra_args=("--otlp-traces-endpoint", collector.endpoint, *extra_args),
+    )
+
+
+def post_chat(
+    server: OmniServer,
+    content: str,
+    parent: TraceParent,
+    *,
+    timeout: float = 30,
+    **fields: Any,
+) -> httpx.Response:
+    """A chat request of one user message in ``parent``'s trace."""
+    return httpx.post(
+        server.base_url + "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": content}], **fields},
+        headers=parent.headers,
+        timeout=timeout,
+    )

@@ -30,22 +30,25 @@ from tests.e2e.omni_server import (
     FAULTS,
     LEAK_SECRETS,
     OmniServer,
-    start_server,
     write_pipeline,
 )
 from tests.e2e.servers import metric_samples
-from tests.otlp_receiver import Receiver, Span, TraceParent, receiver, tree
+from tests.otlp_receiver import (
+    Receiver,
+    Span,
+    TraceParent,
+    post_chat,
+    receiver,
+    start_traced_server,
+    tree,
+)
 
 CHAT = "/v1/chat/completions"
 SERVER_SPAN = f"POST {CHAT}"
 GENERIC = "The server had an error while processing your request."
 # Spans leave each process within a tenth of a second (the batch's delay);
 # an export the collector refuses is retried for 2 s, not 10.
-TRACE_ENV = {
-    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
-    "OTEL_BSP_SCHEDULE_DELAY": "50",
-    "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "2",
-}
+EXPORT_TIMEOUT = {"OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "2"}
 FATAL_FAULT = {
     "stage": 1,
     "marker": "@dead",
@@ -74,16 +77,12 @@ def server(
     tmp_path_factory: pytest.TempPathFactory, collector: Receiver
 ) -> Iterator[OmniServer]:
     directory = tmp_path_factory.mktemp("traces")
-    started = start_server(
+    started = start_traced_server(
         directory,
         write_pipeline(directory, faults=[*FAULTS, FATAL_FAULT]),
-        env={**TRACE_ENV, "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"},
-        extra_args=(
-            "--otlp-traces-endpoint",
-            collector.endpoint,
-            "--max-num-queued-reqs",
-            "1",
-        ),
+        collector,
+        env={**EXPORT_TIMEOUT, "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"},
+        extra_args=("--max-num-queued-reqs", "1"),
     )
     try:
         started.wait_ready()
@@ -96,15 +95,6 @@ def server(
 def client(server: OmniServer) -> openai.OpenAI:
     return openai.OpenAI(
         base_url=server.base_url + "/v1", api_key="unused", max_retries=0
-    )
-
-
-def _chat(server: OmniServer, content: str, parent: TraceParent) -> httpx.Response:
-    return httpx.post(
-        server.base_url + CHAT,
-        json={"messages": [{"role": "user", "content": content}]},
-        headers=parent.headers,
-        timeout=30,
     )
 
 
@@ -205,7 +195,7 @@ def test_a_client_error_in_a_stage_is_recorded_but_not_an_error(
     server: OmniServer, collector: Receiver
 ) -> None:
     parent = TraceParent()
-    response = _chat(server, "tell me about forbidden-topic", parent)
+    response = post_chat(server, "tell me about forbidden-topic", parent)
     assert response.status_code == 400
     spans = _trace(collector, parent, 2)
     assert tree(spans, parent.span_id) == [(SERVER_SPAN, [("stage guardrail", [])])]
@@ -242,7 +232,7 @@ def test_a_nonfatal_stage_failure_is_on_the_stage_span_and_the_server_span(
     server: OmniServer, collector: Receiver
 ) -> None:
     parent = TraceParent()
-    response = _chat(server, "@boom", parent)
+    response = post_chat(server, "@boom", parent)
     assert response.status_code == 500
     body = response.json()
     assert body["error"]["stage_id"] == 1
@@ -269,11 +259,11 @@ def test_a_deadline_504_and_an_overload_503_look_distinct(
     answers: dict[str, httpx.Response] = {}
     # The thinker hangs past its 3 s deadline, holding the engine's one slot.
     holder = threading.Thread(
-        target=lambda: answers.setdefault("held", _chat(server, "@hang", held))
+        target=lambda: answers.setdefault("held", post_chat(server, "@hang", held))
     )
     holder.start()
     _wait_in_flight(server, 1)
-    overload = _chat(server, "hello", refused)
+    overload = post_chat(server, "hello", refused)
     holder.join()
     assert overload.status_code == 503
     timeout = answers["held"]
@@ -437,16 +427,16 @@ def test_a_collector_that_refuses_costs_nothing_and_is_logged_once(
     collector.refusing = True
     try:
         for _ in range(3):
-            assert _chat(server, "hello", TraceParent()).status_code == 200
+            assert post_chat(server, "hello", TraceParent()).status_code == 200
         # The server's process (its span, the guardrail's) and the
         # thinker's stage process each lose their spans.
         server.wait_for_log(
             f"vllm_omni.tracing: {failed}", f"stage-1.*{failed}", within_s=30
         )
-        assert _chat(server, "hello", TraceParent()).status_code == 200
+        assert post_chat(server, "hello", TraceParent()).status_code == 200
     finally:
         collector.refusing = False
-    assert _chat(server, "hello", TraceParent()).status_code == 200
+    assert post_chat(server, "hello", TraceParent()).status_code == 200
     server.wait_for_log(
         "vllm_omni.tracing: trace export to .* answers again",
         "stage-1.*trace export to .* answers again",
@@ -462,7 +452,7 @@ def test_a_fatal_stage_failure_is_on_the_dead_stage_span(
 ) -> None:
     """Last: the engine is dead afterwards."""
     parent = TraceParent()
-    response = _chat(server, "@dead", parent)
+    response = post_chat(server, "@dead", parent)
     assert response.status_code == 500
     body = response.json()
     assert body["error"]["stage_id"] == 1

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.omni_server import write_pipeline
-from tests.otlp_receiver import Receiver, TraceParent, receiver, tree
+from tests.otlp_receiver import TRACE_ENV, Receiver, TraceParent, receiver, tree
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,8 +61,7 @@ def test_an_offline_request_joins_the_callers_trace(
         env={
             **os.environ,
             "PYTHONPATH": str(ROOT),
-            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
-            "OTEL_BSP_SCHEDULE_DELAY": "50",
+            **TRACE_ENV,
         },
         capture_output=True,
         text=True,

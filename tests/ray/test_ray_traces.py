@@ -8,17 +8,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
-from tests.e2e.omni_server import OmniServer, start_server, write_pipeline
-from tests.otlp_receiver import Receiver, TraceParent, receiver, tree
+from tests.e2e.omni_server import OmniServer, write_pipeline
+from tests.otlp_receiver import (
+    Receiver,
+    TraceParent,
+    post_chat,
+    receiver,
+    start_traced_server,
+    tree,
+)
 
 CHAT = "/v1/chat/completions"
-TRACE_ENV = {
-    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
-    "OTEL_BSP_SCHEDULE_DELAY": "50",
-}
 
 
 @pytest.fixture(scope="module")
@@ -31,16 +33,11 @@ def server(
     tmp_path_factory: pytest.TempPathFactory, collector: Receiver
 ) -> Iterator[OmniServer]:
     directory = tmp_path_factory.mktemp("ray-traces")
-    started = start_server(
+    started = start_traced_server(
         directory,
         write_pipeline(directory),
-        env=TRACE_ENV,
-        extra_args=(
-            "--worker-backend",
-            "ray",
-            "--otlp-traces-endpoint",
-            collector.endpoint,
-        ),
+        collector,
+        extra_args=("--worker-backend", "ray"),
     )
     try:
         started.wait_ready(timeout=280)
@@ -54,12 +51,7 @@ def test_a_ray_request_is_one_trace_with_the_actors_spans(
     server: OmniServer, collector: Receiver, content: str, status: int
 ) -> None:
     parent = TraceParent()
-    response = httpx.post(
-        server.base_url + CHAT,
-        json={"messages": [{"role": "user", "content": content}]},
-        headers=parent.headers,
-        timeout=60,
-    )
+    response = post_chat(server, content, parent, timeout=60)
     assert response.status_code == status
     spans = collector.wait_for(parent.trace_id, lambda spans: len(spans) >= 3)
     assert tree(spans, parent.span_id) == [

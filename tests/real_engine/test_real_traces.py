@@ -13,20 +13,22 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.e2e.omni_server import OmniServer, start_server
-from tests.otlp_receiver import Receiver, TraceParent, receiver, tree
+from tests.e2e.omni_server import OmniServer
+from tests.otlp_receiver import (
+    Receiver,
+    TraceParent,
+    post_chat,
+    receiver,
+    start_traced_server,
+    tree,
+)
 from tests.real_engine.conftest import running_servers, write_tiny_pipeline
 
 pytestmark = pytest.mark.timeout(600)
 
 CHAT = "/v1/chat/completions"
-TRACE_ENV = {
-    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
-    "OTEL_BSP_SCHEDULE_DELAY": "50",
-}
 
 
 @pytest.fixture(scope="module")
@@ -43,11 +45,10 @@ def server(
 ) -> Iterator[OmniServer]:
     directory = tmp_path_factory.mktemp(f"real-traces-{request.param}")
     in_process = request.param == "in_process"
-    started = start_server(
+    started = start_traced_server(
         directory,
         write_tiny_pipeline(directory, tiny_model, in_process=in_process),
-        env=TRACE_ENV,
-        extra_args=("--otlp-traces-endpoint", collector.endpoint),
+        collector,
     )
     started.extra["process"] = "engine" if in_process else "stage-1"
     with running_servers({"traces": started}) as servers:
@@ -58,12 +59,7 @@ def test_the_engine_span_joins_the_stage_span(
     server: OmniServer, collector: Receiver
 ) -> None:
     parent = TraceParent()
-    response = httpx.post(
-        server.base_url + CHAT,
-        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
-        headers=parent.headers,
-        timeout=120,
-    )
+    response = post_chat(server, "hi", parent, timeout=120, max_tokens=4)
     assert response.status_code == 200, response.text
     spans = collector.wait_for(parent.trace_id, lambda spans: len(spans) >= 4)
     assert tree(spans, parent.span_id) == [
