@@ -8,7 +8,8 @@ of stages that produce the requested modalities, and turns what comes back
 into results or exceptions:
 
 - an ``ErrorMessage`` is read with ``OmniErrorDetails.from_wire`` and
-  rebuilt by ``category`` with ``to_exception``; a nonfatal one fails only
+  rebuilt by ``category`` with ``to_exception`` (``stage_failure``: marked
+  as logged by the stage, which logged its cause); a nonfatal one fails only
   its request (``OmniEngineGenerateError`` with ``stage_id`` for a stage's
   internal failure, the remote ``OmniClientError`` for a client error);
 - a per-stage deadline (``timeout_s``) fails the request with
@@ -144,6 +145,7 @@ from vllm_omni.errors.metrics import (
     record_abort,
     set_stage_status,
 )
+from vllm_omni.errors.normalizer import stage_failure
 from vllm_omni.errors.sanitize import sanitize_message
 from vllm_omni.errors.text import is_unicode
 from vllm_omni.outputs import DiffusionOutput, OmniRequestOutput, TextChoice
@@ -789,7 +791,7 @@ class Orchestrator:
                 "stage %d error for no live request: %s", handle.config.id, details
             )
             return
-        self._close(request, to_exception(details))
+        self._close(request, stage_failure(details))
 
     # -- liveness --------------------------------------------------------------
 
@@ -1549,7 +1551,7 @@ class Orchestrator:
                     stage.id, fatal_reason(exc) or "the stage reported a fatal error"
                 )
             else:
-                self._close(request, to_exception(details))
+                self._close(request, stage_failure(details))
             return
         self._cancel_timer(request)
         request.queue.put_nowait(

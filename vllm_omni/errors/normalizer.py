@@ -58,8 +58,10 @@ __all__ = [
     "fatal_reason",
     "for_caller",
     "from_request_error",
+    "logged_by_stage",
     "normalize",
     "raise_for_caller",
+    "stage_failure",
     "to_exception",
 ]
 
@@ -264,6 +266,27 @@ def to_exception(details: OmniErrorDetails, *, reason: str | None = None) -> VLL
         error_type=details.error_type,
         details=details,
     )
+
+
+_LOGGED_BY_STAGE = "_vllm_omni_logged_by_stage"
+
+
+def stage_failure(details: OmniErrorDetails) -> VLLMError:
+    """``to_exception(details)`` for a stage's failure record, marked as
+    logged by that stage: the stage logged the original (its text and
+    traceback) when it failed (``log_failure``), so the server logs this
+    rebuild without a traceback of its own, which would show only the
+    plumbing it travelled through (``logged_by_stage``)."""
+    exc = to_exception(details)
+    setattr(exc, _LOGGED_BY_STAGE, details.stage_id)
+    return exc
+
+
+def logged_by_stage(exc: BaseException | None) -> int | None:
+    """The stage whose log line has ``exc``'s cause (``stage_failure``), or
+    ``None`` when ``exc`` was not rebuilt from a stage's record."""
+    stage_id = getattr(exc, _LOGGED_BY_STAGE, None) if exc is not None else None
+    return stage_id if isinstance(stage_id, int) else None
 
 
 # The module of this package's exception classes: every one of them pickles

@@ -17,7 +17,12 @@ from vllm.exceptions import QueueOverflowError
 
 from vllm_omni.errors.details import OmniErrorDetails
 from vllm_omni.errors.metrics import RAW_FALLBACKS_TOTAL
-from vllm_omni.errors.normalizer import Mode, is_legacy_fallback, normalize
+from vllm_omni.errors.normalizer import (
+    Mode,
+    is_legacy_fallback,
+    logged_by_stage,
+    normalize,
+)
 from vllm_omni.errors.table import row_for
 from vllm_omni.errors.types import EngineDeadError
 
@@ -129,6 +134,17 @@ def _log(exc: BaseException | None, details: OmniErrorDetails) -> None:
             details.status_code,
             details.error_type,
             quiet,
+        )
+    elif details.category == "server" and logged_by_stage(exc) is not None:
+        # The stage logged the cause with its traceback; this one would show
+        # only the way the record came here.
+        logger.error(
+            "request %s failed with %d %s: %s in stage %d (its log has the cause)",
+            details.request_id,
+            details.status_code,
+            details.error_type,
+            type(exc).__name__,
+            logged_by_stage(exc),
         )
     elif details.category == "server":
         logger.error(
