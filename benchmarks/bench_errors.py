@@ -46,8 +46,6 @@ from vllm.entrypoints.serve.exception_handling.error_response import (
     create_error_response,
 )
 
-from vllm_omni.engine.messages import ErrorMessage
-from vllm_omni.engine.messages import encode as encode_message
 from vllm_omni.errors import (
     EngineDeadError,
     GenerationError,
@@ -60,6 +58,8 @@ from vllm_omni.errors import (
     normalize,
 )
 from vllm_omni.errors.render import http_error_response
+from vllm_omni.wire.messages import ErrorMessage
+from vllm_omni.wire.messages import encode as encode_message
 
 REQUEST_ID = "chatcmpl-0123456789abcdef"
 

@@ -209,7 +209,7 @@ class Ours:
     """``AsyncOmni`` on the tiny pipeline, driven as its callers drive it."""
 
     def __init__(self, engine: Any) -> None:
-        from vllm_omni.engine import hops
+        from vllm_omni.wire import hops
 
         self.engine = engine
         # The caller's side of the hop marks (--breakdown; a no-op otherwise).
@@ -282,7 +282,7 @@ class InProcessStage:
         self.stage = VLLMStage(stage, config, engine_factory=lambda _: engine)
 
     async def first_token(self, request_id: str) -> float:
-        from vllm_omni.engine.messages import Submit
+        from vllm_omni.wire.messages import Submit
 
         start = time.perf_counter()
         submit = Submit(
@@ -561,7 +561,7 @@ def _codec_us() -> list[tuple[str, str]]:
     """Encode and decode of the two messages on the per-request path."""
     import timeit
 
-    from vllm_omni.engine import messages as m
+    from vllm_omni.wire import messages as m
 
     output = m.Output(request_id="ttft-1", stage_id=1, payload=m.Payload(text=" world"))
     submit = m.Submit(
@@ -584,7 +584,7 @@ async def breakdown(
 ) -> str:
     """The per-hop tables (Markdown) from traced requests; see ``breakdown``."""
     from benchmarks.breakdown import by_request, critical_path, per_token, send_cost
-    from vllm_omni.engine import hops
+    from vllm_omni.wire import hops
 
     if not hops.enabled():
         raise RuntimeError(f"--breakdown needs {hops.ENV}=1 before vllm_omni loads")

@@ -1,6 +1,6 @@
 """Where a request's time goes: hop marks turned into the per-hop table.
 
-Reads the marks of ``vllm_omni.engine.hops`` (the caller's process and every
+Reads the marks of ``vllm_omni.wire.hops`` (the caller's process and every
 stage's, gathered by ``bench_real_engine --breakdown``) and follows each
 request along its critical path, one step per process boundary or piece of
 work, in the causal order of the route:
@@ -27,7 +27,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
-from vllm_omni.engine.hops import Mark
+from vllm_omni.wire.hops import Mark
 
 __all__ = [
     "by_request",

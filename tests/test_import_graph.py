@@ -1,4 +1,5 @@
-"""No import circle in ``vllm_omni/`` (docs/design.md §11).
+"""No import circle in ``vllm_omni/``, and its layers point down
+(docs/design.md §1, §11).
 
 What counts as an import is ``tests/import_graph.py``'s reading of the
 source: imports inside functions and ``TYPE_CHECKING`` blocks, modules named
@@ -7,6 +8,7 @@ to ``importlib``, names a package loads through its lazy ``__getattr__``.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -31,6 +33,67 @@ def test_vllm_omni_has_no_import_circle() -> None:
         for component in found
     ]
     assert not found, "import circles:\n" + "\n".join(described)
+
+
+# docs/design.md §1's layers, lowest first: a module imports only from its
+# own layer and those below it. The package itself is above them all (it
+# loads ``Omni`` and ``AsyncOmni`` lazily).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("vllm_omni.upstream", "vllm_omni.version"),
+    ("vllm_omni.errors",),
+    ("vllm_omni.config", "vllm_omni.outputs", "vllm_omni.pipelines"),
+    ("vllm_omni.tracing",),
+    ("vllm_omni.wire",),
+    ("vllm_omni.stages",),
+    ("vllm_omni.engine",),
+    ("vllm_omni.entrypoints",),
+)
+
+
+def _layer(module: str) -> int:
+    if module == "vllm_omni":
+        return len(LAYERS)
+    for index, prefixes in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return index
+    raise AssertionError(f"{module} is in no layer of docs/design.md §1")
+
+
+def test_layers_point_down() -> None:
+    graph = import_graph(ROOT, "vllm_omni")
+    upward = [
+        f"{importer} imports {imported}"
+        for importer, imports in sorted(graph.items())
+        for imported in sorted(imports)
+        if _layer(imported) > _layer(importer)
+    ]
+    assert upward == []
+
+
+def _design_layers() -> list[tuple[str, ...]]:
+    """The first cell of each row of docs/design.md §1's table, as modules:
+    ``vllm_omni/errors/`` and a bare ``outputs.py`` beside it."""
+    design = (ROOT / "docs" / "design.md").read_text()
+    section = design.split("## §1", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        first = line.split("|")[1] if line.startswith("| `vllm_omni/") else ""
+        names = re.findall(r"`([^`]+)`", first)
+        if names:
+            rows.append(
+                tuple(
+                    "vllm_omni."
+                    + name.removeprefix("vllm_omni/").removesuffix(".py").strip("/")
+                    for name in names
+                )
+            )
+    return rows
+
+
+def test_the_design_lists_these_layers() -> None:
+    assert [tuple(sorted(row)) for row in _design_layers()] == [
+        tuple(sorted(row)) for row in LAYERS
+    ]
 
 
 def _tree(root: Path, files: dict[str, str]) -> None:

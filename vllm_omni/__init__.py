@@ -13,7 +13,7 @@ import importlib
 import sys
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.31.0.dev0"
+from vllm_omni.version import __version__
 
 _LAZY_ATTRS = {
     "Omni": "vllm_omni.entrypoints.omni:Omni",

@@ -25,8 +25,8 @@ import msgspec
 
 from tests.wheel030 import messages_030
 from vllm_omni.config import load_pipeline
-from vllm_omni.engine import messages as m
 from vllm_omni.engine.stage_worker import StageWorker, WorkerSpec, configure_logging
+from vllm_omni.wire import messages as m
 
 
 def as_030(message: m.ErrorMessage) -> msgspec.Struct:

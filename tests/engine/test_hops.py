@@ -1,4 +1,4 @@
-"""Hop marks (``vllm_omni.engine.hops``): off by default, and when on, one
+"""Hop marks (``vllm_omni.wire.hops``): off by default, and when on, one
 mark per step of a request's critical path in every process it crosses, in
 causal order, as ``benchmarks/bench_real_engine.py --breakdown`` reads them
 (``benchmarks.breakdown``)."""
@@ -14,14 +14,14 @@ import pytest
 
 from benchmarks.breakdown import critical_path
 from tests.engine.engines import collect
-from vllm_omni.engine import hops
 from vllm_omni.entrypoints.async_omni import AsyncOmni
+from vllm_omni.wire import hops
 
 pytestmark = pytest.mark.timeout(120)
 
 _TRACED = """
 import asyncio, json, sys
-from vllm_omni.engine import hops
+from vllm_omni.wire import hops
 from vllm_omni.entrypoints.async_omni import AsyncOmni
 
 async def main():

@@ -22,7 +22,6 @@ import pytest_asyncio
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from tests.engine.engines import collect, stage_active, wait_for, write_pipeline
-from vllm_omni.engine.messages import Payload, Submit
 from vllm_omni.entrypoints.async_omni import AsyncOmni
 from vllm_omni.errors import (
     GuardrailViolationError,
@@ -30,6 +29,7 @@ from vllm_omni.errors import (
     OmniEngineGenerateError,
 )
 from vllm_omni.stages.guardrail import GuardrailStage
+from vllm_omni.wire.messages import Payload, Submit
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -38,7 +38,6 @@ import zmq.asyncio
 from tests.engine.engines import collect, stage_active, wait_for, write_pipeline
 from tests.wheel030 import class_030, function_030, messages_030, tree_030
 from vllm_omni.config import load_pipeline
-from vllm_omni.engine import messages as m
 from vllm_omni.engine import processes
 from vllm_omni.engine.stage_worker import WorkerSpec
 from vllm_omni.entrypoints.async_omni import AsyncOmni
@@ -51,6 +50,7 @@ from vllm_omni.errors import (
     raise_client_error_or,
 )
 from vllm_omni.errors.details import GENERIC_SERVER_MESSAGE
+from vllm_omni.wire import messages as m
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -27,13 +27,13 @@ from tests.wheel030 import (
     free_names,
     messages_030,
 )
-from vllm_omni.engine import messages as m
 from vllm_omni.errors import OmniClientError, client_error_metadata
 from vllm_omni.errors.details import (
     GENERIC_SERVER_MESSAGE,
     OmniErrorDetails,
     default_type,
 )
+from vllm_omni.wire import messages as m
 
 GENERIC = GENERIC_SERVER_MESSAGE
 SAFE_500 = OmniErrorDetails(GENERIC, "server", 500, "InternalServerError")

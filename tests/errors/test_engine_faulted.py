@@ -21,7 +21,6 @@ import vllm.exceptions
 from prometheus_client import REGISTRY
 
 from vllm_omni import errors
-from vllm_omni.engine import messages
 from vllm_omni.errors.details import OmniErrorDetails
 from vllm_omni.errors.http.reporting import details_for_exception
 from vllm_omni.errors.normalizer import (
@@ -42,6 +41,7 @@ from vllm_omni.errors.types import (
     OmniServerError,
     OmniServiceUnavailableError,
 )
+from vllm_omni.wire import messages
 
 UPSTREAM = getattr(vllm.exceptions, "EngineFaultedError", None)
 needs_034 = pytest.mark.skipif(

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from vllm_omni.config import load_pipeline
-from vllm_omni.engine.messages import Payload, Submit
 from vllm_omni.stages import build_stage
+from vllm_omni.wire.messages import Payload, Submit
 
 PIPELINE = load_pipeline("reference")
 

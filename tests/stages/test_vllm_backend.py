@@ -22,7 +22,6 @@ from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
 from tests.engine.async_llm_fake import AsyncLLMFake
 from vllm_omni.config import StageConfig, pipeline_from_mapping
-from vllm_omni.engine.messages import Payload, Submit
 from vllm_omni.errors import (
     OmniClientError,
     OmniEngineDeadError,
@@ -34,6 +33,7 @@ from vllm_omni.errors import (
 from vllm_omni.errors.details import OmniErrorDetails
 from vllm_omni.errors.render import should_retry
 from vllm_omni.stages.vllm_backend import ENGINE_ABORTED, VLLMStage
+from vllm_omni.wire.messages import Payload, Submit
 
 STAGE_ID = 4
 ENGINE_ARGS = {"model": "facebook/opt-125m"}

@@ -66,8 +66,6 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from vllm_omni.config import PipelineConfig, StageConfig
-from vllm_omni.engine import hops
-from vllm_omni.engine import messages as m
 from vllm_omni.engine.stage_metrics import (
     ENGINE_PREFIX,
     engine_families,
@@ -84,6 +82,8 @@ from vllm_omni.errors import normalize
 from vllm_omni.errors.details import OmniErrorDetails
 from vllm_omni.stages import INLINE_KINDS, build_stage
 from vllm_omni.tracing.hooks import StageSpan, stage_span
+from vllm_omni.wire import hops
+from vllm_omni.wire import messages as m
 
 __all__ = ["Failure", "InlineStage", "runs_inline"]
 

@@ -98,10 +98,8 @@ from typing import Any, Literal, Protocol
 import zmq
 from vllm.exceptions import QueueOverflowError
 
-from vllm_omni import __version__
 from vllm_omni.config import HEARTBEAT_INTERVAL_S, PipelineConfig, StageConfig
-from vllm_omni.engine import hops, liveness, processes
-from vllm_omni.engine import messages as m
+from vllm_omni.engine import liveness, processes
 from vllm_omni.engine.fault_tolerance import (
     INSTRUCTIONS,
     UNHEALTHY,
@@ -151,6 +149,9 @@ from vllm_omni.errors.text import is_unicode
 from vllm_omni.outputs import DiffusionOutput, OmniRequestOutput, TextChoice
 from vllm_omni.stages import stage_params
 from vllm_omni.tracing.hooks import submission_headers
+from vllm_omni.version import __version__
+from vllm_omni.wire import hops
+from vllm_omni.wire import messages as m
 
 __all__ = [
     "DEFAULT_MAX_NUM_QUEUED_REQS",

@@ -64,15 +64,13 @@ from typing import Any
 
 import zmq
 
-from vllm_omni import __version__
 from vllm_omni.config import (
     HEARTBEAT_INTERVAL_S,
     PipelineConfig,
     StageConfig,
     load_pipeline,
 )
-from vllm_omni.engine import hops, liveness
-from vllm_omni.engine import messages as m
+from vllm_omni.engine import liveness
 from vllm_omni.engine.faults import apply_fault, matching_fault
 from vllm_omni.engine.loop_socket import LoopSocket
 from vllm_omni.engine.stage_metrics import keep_in
@@ -84,6 +82,9 @@ from vllm_omni.stages import build_stage
 from vllm_omni.stages.base import Stage
 from vllm_omni.tracing.hooks import StageSpan, stage_span
 from vllm_omni.tracing.provider import configure, flush
+from vllm_omni.version import __version__
+from vllm_omni.wire import hops
+from vllm_omni.wire import messages as m
 
 __all__ = [
     "LOG_FORMAT",

@@ -17,8 +17,8 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any, ClassVar
 
 from vllm_omni.config import PipelineConfig, StageConfig
-from vllm_omni.engine.messages import Payload, Submit
 from vllm_omni.errors import VLLMValidationError
+from vllm_omni.wire.messages import Payload, Submit
 
 __all__ = ["SIZE_STEP", "Stage", "bounded_float", "bounded_int", "parse_size"]
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import ClassVar
 
-from vllm_omni.engine.messages import Payload, Submit
 from vllm_omni.errors import GuardrailViolationError
 from vllm_omni.stages.base import Stage
+from vllm_omni.wire.messages import Payload, Submit
 
 __all__ = ["GuardrailStage"]
 

@@ -29,9 +29,9 @@ from typing import Any, ClassVar
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from vllm_omni.engine.messages import Payload, Submit
 from vllm_omni.errors import VLLMUnprocessableEntityError, VLLMValidationError
 from vllm_omni.stages.base import Stage, bounded_int, parse_size
+from vllm_omni.wire.messages import Payload, Submit
 
 __all__ = [
     "DEFAULT_MAX_IMAGE_FRAMES",

@@ -18,9 +18,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from vllm_omni.engine.messages import Payload, Submit
 from vllm_omni.errors import VLLMNotFoundError, VLLMValidationError
 from vllm_omni.stages.base import Stage, bounded_float
+from vllm_omni.wire.messages import Payload, Submit
 
 __all__ = [
     "DEFAULT_VOICE",

@@ -18,9 +18,9 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from vllm_omni.engine.messages import Payload, Submit
 from vllm_omni.errors import VLLMValidationError
 from vllm_omni.stages.base import Stage, bounded_float, bounded_int
+from vllm_omni.wire.messages import Payload, Submit
 
 __all__ = [
     "MAX_CHOICES",

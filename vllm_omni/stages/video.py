@@ -16,9 +16,9 @@ from typing import Any, ClassVar
 
 from PIL import Image
 
-from vllm_omni.engine.messages import Payload, Submit
 from vllm_omni.stages.base import Stage, bounded_float, bounded_int, parse_size
 from vllm_omni.stages.image import gradient, seed_for
+from vllm_omni.wire.messages import Payload, Submit
 
 __all__ = ["FPS_RANGE", "SECONDS_RANGE", "SIZE_RANGE", "VideoStage"]
 

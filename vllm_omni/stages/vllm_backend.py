@@ -66,8 +66,6 @@ from http import HTTPStatus
 from typing import Any, ClassVar, NoReturn
 
 from vllm_omni.config import PipelineConfig, StageConfig
-from vllm_omni.engine import hops
-from vllm_omni.engine.messages import Payload, Submit
 from vllm_omni.errors import (
     GenerationError,
     GracefulHTTPError,
@@ -78,6 +76,8 @@ from vllm_omni.errors import (
     to_exception,
 )
 from vllm_omni.stages.base import Stage
+from vllm_omni.wire import hops
+from vllm_omni.wire.messages import Payload, Submit
 
 __all__ = ["ENGINE_ABORTED", "VLLMStage", "build_async_llm"]
 

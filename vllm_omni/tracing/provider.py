@@ -18,8 +18,8 @@ import os
 import threading
 from typing import TYPE_CHECKING
 
-from vllm_omni import __version__
 from vllm_omni.errors import VLLMValidationError
+from vllm_omni.version import __version__
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider

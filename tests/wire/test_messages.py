@@ -5,8 +5,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from vllm_omni.engine import messages as m
 from vllm_omni.errors.details import LEGACY_WIRE_FIELDS, WIRE_FIELDS, OmniErrorDetails
+from vllm_omni.wire import messages as m
 
 CLIENT = OmniErrorDetails(
     "max_tokens must be an integer between 1 and 4096",
