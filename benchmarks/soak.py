@@ -1347,22 +1347,17 @@ def _fd_kinds(process: psutil.Process, http_port: int) -> Counter[str]:
     return kinds
 
 
-def _sample(
-    pid: int,
-    job_store: Path,
-    began: float,
-    latencies: list[tuple[float, float]],
-    since: float,
-    http_port: int,
-) -> Sample:
+def _sample(server: OmniServer, ctx: Ctx, began: float, since: float) -> Sample:
     """Every server process's RSS, fds (by kind) and threads, the job store's
     size on disk (with its WAL) and the p99 of the operations that ended
     since."""
+    http_port = httpx.URL(server.base_url).port or 0
+    job_store = _job_store(server)
     rss: dict[int, tuple[str, int]] = {}
     fds = 0
     kinds: Counter[str] = Counter()
     threads: dict[int, int] = {}
-    for index, process in enumerate(_processes(pid)):
+    for index, process in enumerate(_processes(server.proc.pid)):
         try:
             with process.oneshot():
                 name = "API server" if index == 0 else process.name()
@@ -1377,7 +1372,7 @@ def _sample(
         for path in job_store.parent.glob(job_store.name + "*")
         if path.is_file()
     )
-    recent = [s for ended, s in latencies if ended > since]
+    recent = [s for ended, s in ctx.latencies if ended > since]
     return Sample(
         at_s=time.monotonic() - began,
         rss=rss,
@@ -1503,21 +1498,16 @@ def _fd_change(first: Sample, last: Sample) -> str:
     return ", ".join(f"{kind} {delta:+d}" for delta, kind in changes)
 
 
+def _job_store(server: OmniServer) -> Path:
+    return server.log_path.parent / "jobs.sqlite3"
+
+
 async def _sampler(server: OmniServer, report: Report, ctx: Ctx, began: float) -> None:
     """A sample every SAMPLE_S until cancelled."""
-    job_store = server.log_path.parent / "jobs.sqlite3"
     since = time.monotonic()
     while True:
         await asyncio.sleep(SAMPLE_S)
-        sample = await asyncio.to_thread(
-            _sample,
-            server.proc.pid,
-            job_store,
-            began,
-            ctx.latencies,
-            since,
-            httpx.URL(server.base_url).port,
-        )
+        sample = await asyncio.to_thread(_sample, server, ctx, began, since)
         since = time.monotonic()
         report.samples.append(sample)
 
@@ -1570,19 +1560,9 @@ async def _soak(
         tally = Tally()
         tally.log.update(expected_log(warm))
         began = time.monotonic()
-        job_store = server.log_path.parent / "jobs.sqlite3"
         sampler = None
         if minutes:
-            report.samples.append(
-                _sample(
-                    server.proc.pid,
-                    job_store,
-                    began,
-                    ctx.latencies,
-                    began,
-                    httpx.URL(server.base_url).port,
-                )
-            )
+            report.samples.append(_sample(server, ctx, began, began))
             sampler = asyncio.create_task(_sampler(server, report, ctx, began))
         while True:
             tally.add(await drive(ctx, plan(kinds, scale, seed + report.rounds)))
@@ -1602,16 +1582,7 @@ async def _soak(
         report.notes.append(f"stage processes that grew most: {_growth(report)}")
         if minutes:
             since = began + report.samples[-1].at_s
-            report.samples.append(
-                _sample(
-                    server.proc.pid,
-                    job_store,
-                    began,
-                    ctx.latencies,
-                    since,
-                    httpx.URL(server.base_url).port,
-                )
-            )
+            report.samples.append(_sample(server, ctx, began, since))
         burst = await _burst(server, report)
         tally.add(burst, planned=False)
         listing = Record("list jobs", "listed")
