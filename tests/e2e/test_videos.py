@@ -419,6 +419,47 @@ class _ImageOnlyEngine:
         return None
 
 
+# -- retention (a server of its own) ----------------------------------------------
+
+
+def test_a_finished_job_expires_after_the_retention(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """``--job-retention 1``: a finished job says when it expires and from
+    then on reads as deleted (retrieve, download, delete, list)."""
+    directory = tmp_path_factory.mktemp("retention")
+    server = start_server(
+        directory,
+        write_pipeline(directory),
+        api_key=API_KEY,
+        extra_args=("--job-retention", "1"),
+    )
+    try:
+        server.wait_ready()
+        with openai.OpenAI(
+            base_url=server.base_url + "/v1", api_key=API_KEY, max_retries=0
+        ) as sdk:
+            created = sdk.videos.create(prompt="short-lived", seconds="0.2")
+            assert created.expires_at is None  # not finished yet
+            video = _wait(sdk, created.id, "completed")
+            assert video.completed_at is not None
+            assert video.expires_at == video.completed_at + 1
+            assert created.id in [v.id for v in sdk.videos.list()]
+            while time.time() < video.expires_at:
+                time.sleep(0.1)
+            for call in (
+                sdk.videos.retrieve,
+                sdk.videos.download_content,
+                sdk.videos.delete,
+            ):
+                with pytest.raises(openai.NotFoundError) as caught:
+                    call(created.id)
+                assert caught.value.body["type"] == "NotFoundError"  # type: ignore[index]
+            assert created.id not in [v.id for v in sdk.videos.list()]
+    finally:
+        server.stop()
+
+
 # -- restart (last: it replaces the module's server) ------------------------------
 
 

@@ -115,6 +115,15 @@ def add_omni_options(parser: argparse.ArgumentParser) -> None:
         help="SQLite file for async video jobs (survives restarts)",
     )
     group.add_argument(
+        "--job-retention",
+        type=_positive_int,
+        default=None,
+        metavar="SECONDS",
+        help="keep a finished video job (its record and GIF) this long after "
+        "it finished, then delete it (its expires_at says when; default: "
+        "until a client deletes it)",
+    )
+    group.add_argument(
         "--worker-backend",
         choices=("multi_process", "ray"),
         default=None,

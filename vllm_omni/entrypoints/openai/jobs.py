@@ -13,6 +13,10 @@ Owns the job record and its life cycle (docs/design.md §4, async jobs)::
   object exactly as ``render.job_error`` returned it, plus the record's
   ``category`` in its own column so that a later download rebuilds the
   error by owner, never by guessing from the status.
+- A finished job is kept until a client deletes it, or, with
+  ``--job-retention`` SECONDS, until that long after it finished: its
+  ``expires_at`` says when; from then on it reads as deleted (404), and a
+  sweep removes such rows once a minute (``VideoJobs.start``).
 - Jobs survive a restart. ``VideoJobs.start`` turns every job a previous
   process left ``queued`` or ``in_progress`` into ``failed`` with a 503
   ``OmniServiceUnavailableError``; ``shutdown`` cancels the running tasks
@@ -76,6 +80,8 @@ FINISHED: tuple[JobStatus, ...] = ("completed", "failed", "cancelled")
 RESTART_MESSAGE = "The server restarted before the job finished; submit it again."
 # Jobs generating at once; the rest wait as ``queued``.
 MAX_RUNNING_JOBS = 4
+# With a retention, expired jobs are deleted from the file this often.
+SWEEP_S = 60.0
 
 _T = TypeVar("_T")
 
@@ -171,15 +177,22 @@ class Job:
         a row without one reads as the safe server-500 record."""
         return details_from_error_object(self.error or {}, self.error_category)
 
-    def to_api(self) -> dict[str, Any]:
-        """The OpenAI ``Video`` object; ``error`` is the stored object, unchanged."""
+    def to_api(self, retention_s: int | None = None) -> dict[str, Any]:
+        """The OpenAI ``Video`` object; ``error`` is the stored object,
+        unchanged; ``expires_at`` when the store keeps finished jobs for
+        ``retention_s`` seconds."""
+        expires_at = (
+            self.completed_at + retention_s
+            if retention_s is not None and self.completed_at is not None
+            else None
+        )
         return {
             "id": self.id,
             "object": "video",
             "status": self.status,
             "created_at": self.created_at,
             "completed_at": self.completed_at,
-            "expires_at": None,
+            "expires_at": expires_at,
             "model": self.model,
             "progress": self.progress,
             "prompt": self.prompt,
@@ -216,7 +229,8 @@ def details_from_error_object(
 class JobStore:
     """The SQLite file. Methods are blocking and short; call them in a thread."""
 
-    def __init__(self, path: str | None) -> None:
+    def __init__(self, path: str | None, retention_s: int | None = None) -> None:
+        self.retention_s = retention_s
         target = ":memory:"
         self._owner: IO[bytes] | None = None
         if path:
@@ -243,12 +257,22 @@ class JobStore:
         if self._owner is not None:
             self._owner.close()  # releases the flock
 
-    # -- reads -----------------------------------------------------------------
+    # -- reads: an expired job is not there ------------------------------------
+
+    def _kept(self) -> tuple[str, tuple[Any, ...]]:
+        """The condition (and its argument) of a job not yet expired."""
+        if self.retention_s is None:
+            return "1", ()
+        return "(completed_at IS NULL OR completed_at > ?)", (
+            time.time() - self.retention_s,
+        )
 
     def get(self, job_id: str) -> Job | None:
+        kept, args = self._kept()
         with self._lock:
             row = self._db.execute(
-                f"SELECT {_COLUMNS} FROM video_jobs WHERE id = ?", (job_id,)
+                f"SELECT {_COLUMNS} FROM video_jobs WHERE id = ? AND {kept}",
+                (job_id, *args),
             ).fetchone()
         return None if row is None else Job._from_row(row)
 
@@ -257,15 +281,17 @@ class JobStore:
     ) -> tuple[list[Job], bool] | None:
         """A page of jobs and whether more follow; ``None`` if ``after`` is unknown."""
         op, order = ("<", "DESC") if newest_first else (">", "ASC")
+        kept, kept_args = self._kept()
         with self._lock:
-            where, args = "", ()
+            where, args = f"WHERE {kept}", kept_args
             if after is not None:
                 seq = self._db.execute(
-                    "SELECT seq FROM video_jobs WHERE id = ?", (after,)
+                    f"SELECT seq FROM video_jobs WHERE id = ? AND {kept}",
+                    (after, *kept_args),
                 ).fetchone()
                 if seq is None:
                     return None
-                where, args = f"WHERE seq {op} ?", (seq[0],)
+                where, args = f"{where} AND seq {op} ?", (*kept_args, seq[0])
             rows = self._db.execute(
                 f"SELECT {_COLUMNS} FROM video_jobs {where} "
                 f"ORDER BY seq {order} LIMIT ?",
@@ -274,9 +300,11 @@ class JobStore:
         return [Job._from_row(r) for r in rows[:limit]], len(rows) > limit
 
     def content(self, job_id: str) -> bytes | None:
+        kept, args = self._kept()
         with self._lock:
             row = self._db.execute(
-                "SELECT content FROM video_jobs WHERE id = ?", (job_id,)
+                f"SELECT content FROM video_jobs WHERE id = ? AND {kept}",
+                (job_id, *args),
             ).fetchone()
         return None if row is None else row[0]
 
@@ -345,12 +373,23 @@ class JobStore:
         )
 
     def delete_finished(self, job_id: str) -> bool:
+        kept, args = self._kept()
         return bool(
             self._write(
                 "DELETE FROM video_jobs WHERE id = ? AND status IN "
-                "('completed', 'failed', 'cancelled')",
-                (job_id,),
+                f"('completed', 'failed', 'cancelled') AND {kept}",
+                (job_id, *args),
             )
+        )
+
+    def expire(self) -> int:
+        """Delete the finished jobs kept longer than the retention; how many."""
+        if self.retention_s is None:
+            return 0
+        return self._write(
+            "DELETE FROM video_jobs WHERE completed_at IS NOT NULL "
+            "AND completed_at <= ? AND status IN ('completed', 'failed', 'cancelled')",
+            (time.time() - self.retention_s,),
         )
 
 
@@ -363,13 +402,24 @@ class VideoJobs:
         self._mode: Mode = mode
         self._slots = asyncio.Semaphore(MAX_RUNNING_JOBS)
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+
+    @property
+    def retention_s(self) -> int | None:
+        return self._store.retention_s
 
     @classmethod
     async def start(
-        cls, path: str | None, engine: AsyncOmni, *, mode: Mode = "strict"
+        cls,
+        path: str | None,
+        engine: AsyncOmni,
+        *,
+        mode: Mode = "strict",
+        retention_s: int | None = None,
     ) -> VideoJobs:
-        """Open the store and fail the jobs a previous process left unfinished."""
-        store = await asyncio.to_thread(JobStore, path)
+        """Open the store and fail the jobs a previous process left
+        unfinished; with a retention, sweep out expired jobs once a minute."""
+        store = await asyncio.to_thread(JobStore, path, retention_s)
         jobs = cls(store, engine, mode)
         for job_id in await jobs._call(store.unfinished):
             details = details_for_exception(
@@ -378,7 +428,22 @@ class VideoJobs:
                 mode=mode,
             )
             await jobs._call(store.fail, job_id, job_error(details), details.category)
+        if retention_s is not None:
+            jobs._sweeper = asyncio.create_task(jobs._sweep(), name="video-job-sweep")
         return jobs
+
+    async def _sweep(self) -> None:
+        """Delete expired jobs now and then once every SWEEP_S (they already
+        read as deleted: this only gives their disk back)."""
+        while True:
+            try:
+                expired = await self._call(self._store.expire)
+            except sqlite3.Error:
+                logger.warning("job store: expired jobs not deleted", exc_info=True)
+            else:
+                if expired:
+                    logger.info("job store: %d expired job(s) deleted", expired)
+            await asyncio.sleep(SWEEP_S)
 
     async def _call(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
         return await asyncio.to_thread(fn, *args, **kwargs)
@@ -419,6 +484,10 @@ class VideoJobs:
         )
         return job
 
+    def api(self, job: Job) -> dict[str, Any]:
+        """``job`` as the OpenAI ``Video`` object, with its ``expires_at``."""
+        return job.to_api(self.retention_s)
+
     async def get(self, job_id: str) -> Job | None:
         return await self._call(self._store.get, job_id)
 
@@ -448,6 +517,9 @@ class VideoJobs:
 
     async def shutdown(self) -> None:
         """Stop the running jobs without finishing their records (see module)."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
         tasks = list(self._tasks.values())
         for task in tasks:
             task.cancel()

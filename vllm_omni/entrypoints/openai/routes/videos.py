@@ -90,6 +90,7 @@ async def init_state(app: FastAPI, args: argparse.Namespace) -> None:
         getattr(args, "job_store", None),
         app.state.engine_client,
         mode=getattr(app.state, "error_mode", "strict"),
+        retention_s=getattr(args, "job_retention", None),
     )
 
 
@@ -307,27 +308,27 @@ async def create_video(request: Request) -> dict[str, Any]:
     entries = _entries(fields, media_type)
     if entries is not None and per_stage_params(engine.config.stages, entries):
         params[PARAMETER] = entries
-    job = await _jobs_of(request).submit(
+    jobs = _jobs_of(request)
+    job = await jobs.submit(
         prompt=prompt,
         params=params,
         seconds=None if seconds is None else f"{seconds:g}",
         size=size,
     )
-    return job.to_api()
+    return jobs.api(job)
 
 
 @router.get("/v1/videos", openapi_extra={"parameters": VIDEO_PAGE_PARAMETERS})
 async def list_videos(request: Request) -> dict[str, Any]:
     limit, after, newest_first = _page_args(request)
-    page = await _jobs_of(request).list(
-        limit=limit, after=after, newest_first=newest_first
-    )
+    jobs = _jobs_of(request)
+    page = await jobs.list(limit=limit, after=after, newest_first=newest_first)
     if page is None:
         error = VLLMNotFoundError("after must be the id of a listed video job.")
         error.parameter = "after"  # type: ignore[attr-defined]
         raise error
-    jobs, has_more = page
-    data = [job.to_api() for job in jobs]
+    listed, has_more = page
+    data = [jobs.api(job) for job in listed]
     return {
         "object": "list",
         "data": data,
@@ -339,7 +340,7 @@ async def list_videos(request: Request) -> dict[str, Any]:
 
 @router.get("/v1/videos/{video_id}")
 async def retrieve_video(video_id: str, request: Request) -> dict[str, Any]:
-    return (await _job(request, video_id)).to_api()
+    return _jobs_of(request).api(await _job(request, video_id))
 
 
 @router.delete("/v1/videos/{video_id}")
