@@ -1,10 +1,11 @@
 """``worker_backend="ray"`` without an address: the engine starts its own
 Ray instance on 127.0.0.1 and stops it on shutdown.
 
-Runs in a fresh process whose environment says nothing about Ray (this
-package's conftest tells Ray to stay on loopback; the engine must do that by
-itself), and inspects that process's children: every socket Ray listens on
-is a loopback one, and none of Ray's processes outlives the engine.
+Runs in a fresh process whose environment says nothing about Ray (the
+tests' conftest tells Ray to stay on loopback; the engine must do that by
+itself), also where the caller imported Ray first (vLLM's ``AsyncLLM``
+imports it), and inspects that process's children: every socket Ray listens
+on is a loopback one, and none of Ray's processes outlives the engine.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import pytest
 pytestmark = pytest.mark.timeout(180)
 
 _PROBE = """
-import asyncio, json, psutil
+import asyncio, json, sys, psutil
+if sys.argv[1] == "ray-first":
+    import ray
 from vllm_omni.config import pipeline_from_mapping
 from vllm_omni.entrypoints.async_omni import AsyncOmni
 
@@ -51,12 +54,13 @@ asyncio.run(main())
 """
 
 
-def test_engine_starts_and_stops_a_loopback_ray() -> None:
+@pytest.mark.parametrize("imported", ["engine-first", "ray-first"])
+def test_engine_starts_and_stops_a_loopback_ray(imported: str) -> None:
     env = {
         k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
     }
     done = subprocess.run(
-        [sys.executable, "-c", _PROBE],
+        [sys.executable, "-c", _PROBE, imported],
         capture_output=True,
         text=True,
         timeout=170,

@@ -210,6 +210,21 @@ def _waiting_for(stage: StageConfig, total: Mapping[str, float]) -> str:
     return f"missing: {what}" if absent else f"requested: {what}"
 
 
+def _stay_on_loopback(ray: Any) -> None:
+    """Keep the Ray instance this engine starts on 127.0.0.1 even where the
+    caller imported Ray before ``prepare`` could set Ray's not-a-cluster flag
+    (vLLM's ``AsyncLLM`` imports Ray): Ray read the flag then, and resolves
+    any local address, 127.0.0.1 too, to this host's public one while it is
+    set. Ray reads its constant at each call, so it is cleared there."""
+    constants = getattr(getattr(ray, "_private", None), "ray_constants", None)
+    if getattr(constants, "ENABLE_RAY_CLUSTER", False):
+        logger.info(
+            "Ray was imported before the engine: its local instance is kept "
+            "on 127.0.0.1 all the same"
+        )
+        constants.ENABLE_RAY_CLUSTER = False  # type: ignore[union-attr]
+
+
 class RayStageLauncher:
     """Starts a pipeline's stages as Ray actors and reports when they end."""
 
@@ -245,13 +260,14 @@ class RayStageLauncher:
     def prepare(self) -> str:
         if self._address is None and "ray" not in sys.modules:
             # Ray binds a local instance to this host's public address unless
-            # told it is not a cluster; read once, when Ray is first imported
-            # (a caller who imported Ray earlier sets it, or runs ray start).
+            # told it is not a cluster; read once, when Ray is first imported.
             os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         import ray
 
         if not ray.is_initialized():
             self._check_reachable()
+            if self._address is None:
+                _stay_on_loopback(ray)
             try:
                 ray.init(
                     address=self._address,
