@@ -109,6 +109,7 @@ _COLUMNS = (
     "progress, error, error_category"
 )
 _UNFINISHED_SQL = "status IN ('queued', 'in_progress')"
+_FINISHED_SQL = "status IN ('completed', 'failed', 'cancelled')"
 
 
 def new_job_id() -> str:
@@ -376,8 +377,7 @@ class JobStore:
         kept, args = self._kept()
         return bool(
             self._write(
-                "DELETE FROM video_jobs WHERE id = ? AND status IN "
-                f"('completed', 'failed', 'cancelled') AND {kept}",
+                f"DELETE FROM video_jobs WHERE id = ? AND {_FINISHED_SQL} AND {kept}",
                 (job_id, *args),
             )
         )
@@ -388,7 +388,7 @@ class JobStore:
             return 0
         return self._write(
             "DELETE FROM video_jobs WHERE completed_at IS NOT NULL "
-            "AND completed_at <= ? AND status IN ('completed', 'failed', 'cancelled')",
+            f"AND completed_at <= ? AND {_FINISHED_SQL}",
             (time.time() - self.retention_s,),
         )
 
