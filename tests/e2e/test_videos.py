@@ -425,14 +425,17 @@ class _ImageOnlyEngine:
 def test_a_finished_job_expires_after_the_retention(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    """``--job-retention 1``: a finished job says when it expires and from
-    then on reads as deleted (retrieve, download, delete, list)."""
+    """``--job-retention 3``: a finished job says when it expires and from
+    then on reads as deleted (retrieve, download, delete, list). Three
+    seconds, not one: ``completed_at`` is whole seconds, so a job may expire
+    up to a second sooner than the retention after it finished, and one
+    second could be gone before the first poll saw it completed."""
     directory = tmp_path_factory.mktemp("retention")
     server = start_server(
         directory,
         write_pipeline(directory),
         api_key=API_KEY,
-        extra_args=("--job-retention", "1"),
+        extra_args=("--job-retention", "3"),
     )
     try:
         server.wait_ready()
@@ -443,7 +446,7 @@ def test_a_finished_job_expires_after_the_retention(
             assert created.expires_at is None  # not finished yet
             video = _wait(sdk, created.id, "completed")
             assert video.completed_at is not None
-            assert video.expires_at == video.completed_at + 1
+            assert video.expires_at == video.completed_at + 3
             assert created.id in [v.id for v in sdk.videos.list()]
             while time.time() < video.expires_at:
                 time.sleep(0.1)
