@@ -653,7 +653,7 @@ async def breakdown(
     med = statistics.median
     placement = (
         "vllm stage in process"
-        if ours.engine._orchestrator._handles[route[-1][0]].inline is not None
+        if ours.engine._orchestrator.supervisor.handles[route[-1][0]].inline is not None
         else "vllm stage process"
     )
     summary = [

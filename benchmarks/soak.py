@@ -1093,7 +1093,7 @@ def log_counts(text: str) -> Counter[str]:
             and "client disconnected before the response started" in message
         ):
             counts[LOG_DISCONNECTS] += 1
-        elif logger == "vllm_omni.engine.orchestrator" and "deadline" in message:
+        elif logger == "vllm_omni.engine.request_table" and "deadline" in message:
             counts[LOG_DEADLINES] += 1
         elif level in ("WARNING", "ERROR", "CRITICAL"):
             counts[LOG_OTHER] += 1

@@ -314,11 +314,11 @@ def test_bad_liveness_keys_name_their_key(
 def _orchestrator_settings(engine: AsyncOmni) -> tuple[Any, ...]:
     orchestrator = engine._orchestrator
     return (
-        orchestrator._transport,
-        orchestrator._host,
-        orchestrator._port,
-        orchestrator._heartbeat_timeout_s,
-        orchestrator._silence_timeout_s,
+        orchestrator.channel.transport,
+        orchestrator.channel.host,
+        orchestrator.channel.port,
+        orchestrator.supervisor.heartbeat_timeout_s,
+        orchestrator.supervisor.silence_timeout_s,
     )
 
 

@@ -17,7 +17,7 @@ import pytest
 from tests.engine.engines import collect, stage_active, wait_for, write_pipeline
 from vllm_omni.config import load_pipeline
 from vllm_omni.engine import processes
-from vllm_omni.engine.orchestrator import StageStartupError
+from vllm_omni.engine.stage_handle import StageStartupError
 from vllm_omni.engine.stage_worker import WorkerSpec
 from vllm_omni.entrypoints.async_omni import AsyncOmni
 from vllm_omni.errors import (

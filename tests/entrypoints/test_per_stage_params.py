@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vllm_omni.config import load_pipeline
-from vllm_omni.engine.orchestrator import _for_stage
+from vllm_omni.engine.input_processor import for_stage as _for_stage
 from vllm_omni.entrypoints.sampling_params_list import per_stage_params
 from vllm_omni.errors import VLLMValidationError
 

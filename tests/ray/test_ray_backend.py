@@ -34,7 +34,7 @@ from tests.engine.engines import collect, stage_active, wait_for
 from tests.prom import local_text
 from tests.ray.drills import FAST_FAILURE_DETECTION, drill_pipeline, ping, stopped
 from vllm_omni.config import pipeline_from_mapping
-from vllm_omni.engine.orchestrator import StageStartupError
+from vllm_omni.engine.stage_handle import StageStartupError
 from vllm_omni.entrypoints.async_omni import AsyncOmni
 from vllm_omni.entrypoints.omni import Omni
 from vllm_omni.errors import (
@@ -119,7 +119,7 @@ async def test_placement_that_cannot_happen_is_a_startup_error(
     assert error.details is not None and error.details.stage_id == 7
     assert error.details.status_code == 503
     assert not engine.is_running
-    namespace = engine._orchestrator._launcher.namespace  # type: ignore[union-attr]
+    namespace = engine._orchestrator.supervisor.launcher.namespace  # type: ignore[union-attr]
     named = ray.util.list_named_actors(all_namespaces=True)
     assert [a for a in named if a["namespace"] == namespace] == []
 
@@ -198,7 +198,7 @@ def _generate_into(omni: Omni, sink: list[BaseException]) -> None:
 
 
 def _actor(engine: AsyncOmni, stage_id: int) -> ray.actor.ActorHandle:
-    namespace = engine._orchestrator._launcher.namespace  # type: ignore[union-attr]
+    namespace = engine._orchestrator.supervisor.launcher.namespace  # type: ignore[union-attr]
     return ray.get_actor(f"omni-stage-{stage_id}", namespace=namespace)
 
 
@@ -217,7 +217,7 @@ async def test_each_stage_is_a_ray_actor(engines: dict[str, AsyncOmni]) -> None:
     assert sorted(titles) == [0, 1, 2]
     assert all(t.startswith("ray::_StageActor") for t in titles.values()), titles
     named = ray.util.list_named_actors(all_namespaces=True)
-    namespace = engine._orchestrator._launcher.namespace  # type: ignore[union-attr]
+    namespace = engine._orchestrator.supervisor.launcher.namespace  # type: ignore[union-attr]
     assert sorted(a["name"] for a in named if a["namespace"] == namespace) == [
         "omni-stage-0",
         "omni-stage-1",

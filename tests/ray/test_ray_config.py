@@ -110,7 +110,7 @@ def test_engine_arguments_override_the_pipeline() -> None:
 
 
 def _probe_of(engine: AsyncOmni) -> tuple[float, float]:
-    launcher = engine._orchestrator._launcher
+    launcher = engine._orchestrator.supervisor.launcher
     return launcher._probe_interval_s, launcher._probe_timeout_s  # type: ignore[union-attr]
 
 

@@ -72,7 +72,7 @@ def test_temperature_reaches_the_engines_sampling_params(
     omni: Omni, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The model's one stage runs in this process (pipeline_for_model).
-    stage = omni.engine._orchestrator._handles[0].inline._stage  # type: ignore[union-attr]
+    stage = omni.engine._orchestrator.supervisor.handles[0].inline._stage  # type: ignore[union-attr]
     engine = stage._engine
     seen: list[SamplingParams] = []
     original = engine.generate

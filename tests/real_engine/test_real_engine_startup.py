@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from tests.real_engine.conftest import STARTUP_TIMEOUT_S, write_tiny_pipeline
-from vllm_omni.engine.orchestrator import StageStartupError
+from vllm_omni.engine.stage_handle import StageStartupError
 from vllm_omni.entrypoints.omni import Omni
 from vllm_omni.errors import VLLMValidationError
 

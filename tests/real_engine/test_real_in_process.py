@@ -117,7 +117,7 @@ def test_an_engine_abort_nobody_asked_for_is_never_a_success(
     back, after its first token, the request fails with a retryable 503
     naming the stage, not a finished output with half the text."""
     omni = engines["in_process"]
-    handle = omni.engine._orchestrator._handles[STAGE_ID]  # type: ignore[attr-defined]
+    handle = omni.engine._orchestrator.supervisor.handles[STAGE_ID]  # type: ignore[attr-defined]
     llm = handle.inline._stage._engine
 
     async def dropped() -> BaseException | None:

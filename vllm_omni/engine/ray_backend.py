@@ -61,7 +61,7 @@ from vllm_omni.config import (
     PipelineConfig,
     StageConfig,
 )
-from vllm_omni.engine.orchestrator import LauncherHooks, StageStartupError
+from vllm_omni.engine.stage_handle import LauncherHooks, StageStartupError
 from vllm_omni.engine.stage_metrics import (
     STAGE_METRICS,
     engine_families,

@@ -50,12 +50,10 @@ from vllm_omni.config import (
     pipeline_for_model,
     with_traces_endpoint,
 )
-from vllm_omni.engine.orchestrator import (
-    DEFAULT_MAX_NUM_QUEUED_REQS,
-    Orchestrator,
-    StageLauncher,
-    Transport,
-)
+from vllm_omni.engine.orchestrator import Orchestrator
+from vllm_omni.engine.request_table import DEFAULT_MAX_NUM_QUEUED_REQS
+from vllm_omni.engine.stage_channel import Transport
+from vllm_omni.engine.stage_handle import StageLauncher
 from vllm_omni.entrypoints.sampling_params_list import per_stage_params
 from vllm_omni.errors import (
     OmniEngineDeadError,

@@ -213,8 +213,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # Before anything logs: this process and the stages forked from it.
     install_log_redaction()
-    from vllm_omni.engine.orchestrator import StageStartupError
     from vllm_omni.engine.processes import start_launcher
+    from vllm_omni.engine.stage_handle import StageStartupError
     from vllm_omni.errors import VLLMValidationError
     from vllm_omni.tracing.provider import flush as flush_traces
 
