@@ -16,7 +16,7 @@ does for a request is done here the same way (``stage_worker``):
   same line (``log_failure``); the orchestrator rebuilds it with
   ``to_exception``, as it does a record off the wire;
 - an abort cancels the request's running work, as in a stage process, and
-  is logged with the same line (``log_abort``) and counted;
+  is logged with the same line (``abort_request``) and counted;
 - its log lines are a stage process's (``stage_logger``): stamped with the
   stage and request ids, one write each to stderr, at the level and with
   the tracebacks the engine's process would show, credentials redacted;
@@ -73,8 +73,8 @@ from vllm_omni.engine.stage_metrics import (
 )
 from vllm_omni.engine.stage_worker import (
     StageStats,
+    abort_request,
     apply_instruction,
-    log_abort,
     log_failure,
     stage_logger,
 )
@@ -281,13 +281,7 @@ class InlineStage:
 
     def abort(self, request_id: str) -> None:
         """An abort reached this stage: its running work is cancelled."""
-        self._stats.aborts.append(request_id)
-        task = self._tasks.get(request_id)
-        running = task is not None and not task.done()
-        if running:
-            task.cancel()  # type: ignore[union-attr]
-            self._stats.cancelled.append(request_id)
-        log_abort(self.config.id, request_id, running, self._log)
+        abort_request(self._stats, self._tasks, self.config.id, request_id, self._log)
 
     def cancel_all(self) -> None:
         """Cancel every request's running work (the engine died): as a dead

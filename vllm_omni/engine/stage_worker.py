@@ -59,7 +59,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import zmq
@@ -90,9 +90,9 @@ __all__ = [
     "LOG_FORMAT",
     "StageStats",
     "WorkerSpec",
+    "abort_request",
     "apply_instruction",
     "configure_logging",
-    "log_abort",
     "log_failure",
     "main",
     "run_stage_process",
@@ -174,10 +174,21 @@ class StageStats:
         }
 
 
-def log_abort(
-    stage_id: int, request_id: str, running: bool, log: logging.Logger = logger
+def abort_request(
+    stats: StageStats,
+    tasks: Mapping[str, asyncio.Task[Any]],
+    stage_id: int,
+    request_id: str,
+    log: logging.Logger = logger,
 ) -> None:
-    """The one line a stage logs when a request is aborted in it."""
+    """An abort reached a stage (its process, or in the orchestrator's): its
+    running work is cancelled, counted, and logged in one line."""
+    stats.aborts.append(request_id)
+    task = tasks.get(request_id)
+    running = task is not None and not task.done()
+    if running:
+        task.cancel()  # type: ignore[union-attr]
+        stats.cancelled.append(request_id)
     log.info(
         "stage %d: request %s aborted%s",
         stage_id,
@@ -403,13 +414,7 @@ class StageWorker:
             del self._tasks[request_id]
 
     def _abort(self, request_id: str) -> None:
-        self._stats.aborts.append(request_id)
-        task = self._tasks.get(request_id)
-        running = task is not None and not task.done()
-        if running:
-            task.cancel()  # type: ignore[union-attr]
-            self._stats.cancelled.append(request_id)
-        log_abort(self.stage_id, request_id, running)
+        abort_request(self._stats, self._tasks, self.stage_id, request_id)
 
     async def _handle_fault(self, call: m.UtilityRequest) -> None:
         """A fault-tolerance instruction (``apply_instruction``), answered."""

@@ -43,6 +43,8 @@ look at exceptions: errors arrive here already normalized.
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from typing import Any
 
 import msgspec
@@ -209,43 +211,54 @@ class ErrorMessage(_Base, tag="error", omit_defaults=True):
         )
 
 
-class CompactError(
-    _Base,
+# The record's fields on the compact wire: one or two letters each, plus the
+# message's own ``reason`` and ``event_id``.
+_COMPACT_NAMES = {
+    "message": "m",
+    "category": "c",
+    "status_code": "s",
+    "error_type": "t",
+    "parameter": "p",
+    "request_id": "r",
+    "stage_id": "i",
+    "fatal": "f",
+    "faulted": "ft",
+    "retry_after_s": "ra",
+    "reason": "why",
+    "event_id": "ev",
+}
+
+
+def _record_fields() -> list[tuple[Any, ...]]:
+    """``OmniErrorDetails``'s fields as msgspec declares them (its one list);
+    ``category`` read as any string, which ``from_wire`` then checks."""
+    hints = typing.get_type_hints(OmniErrorDetails)
+    hints["category"] = str
+    return [
+        (field.name, hints[field.name])
+        if field.default is dataclasses.MISSING
+        else (field.name, hints[field.name], field.default)
+        for field in dataclasses.fields(OmniErrorDetails)
+    ]
+
+
+RECORD_FIELDS = tuple(field.name for field in dataclasses.fields(OmniErrorDetails))
+
+CompactError = msgspec.defstruct(
+    "CompactError",
+    [*_record_fields(), ("reason", str | None, None), ("event_id", str | None, None)],
+    bases=(_Base,),
+    module=__name__,
     tag="e",
     omit_defaults=True,
-    rename={
-        "message": "m",
-        "category": "c",
-        "status_code": "s",
-        "error_type": "t",
-        "parameter": "p",
-        "request_id": "r",
-        "stage_id": "i",
-        "fatal": "f",
-        "faulted": "ft",
-        "retry_after_s": "ra",
-        "reason": "why",
-        "event_id": "ev",
-    },
-):
-    """The error record between 0.31 peers: an ``ErrorMessage`` in fewer bytes.
+    rename=_COMPACT_NAMES,
+)
+CompactError.__doc__ = """The error record between 0.31 peers, in fewer bytes.
 
-    Sent only after ``Welcome`` (a 0.30 orchestrator would drop the unknown
-    tag); ``decode`` returns it as an ``ErrorMessage``.
-    """
-
-    message: str
-    category: str
-    status_code: int
-    error_type: str
-    parameter: str | None = None
-    request_id: str | None = None
-    stage_id: int | None = None
-    fatal: bool = False
-    faulted: bool = False
-    retry_after_s: int | None = None
-    reason: str | None = None
-    event_id: str | None = None
+An ``ErrorMessage`` with one- or two-letter keys; sent only after
+``Welcome`` (a 0.30 orchestrator would drop the unknown tag); ``decode``
+returns it as an ``ErrorMessage``.
+"""
 
 
 class LegacyErrorMessage(_Base, tag="error"):
@@ -297,7 +310,8 @@ Message = (
 )
 
 _COMPACT_KEYS = {
-    field.name: field.encode_name for field in msgspec.structs.fields(CompactError)
+    field.name: field.encode_name
+    for field in msgspec.structs.fields(CompactError)  # type: ignore[arg-type]
 }
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)
@@ -316,22 +330,7 @@ def encode(
         if compact and not legacy_wire and _complete(message):
             # Built from a record (``from_details``): its fields are that
             # record's, read and checked once already.
-            return _encoder.encode(
-                CompactError(
-                    message=message.message,  # type: ignore[arg-type]
-                    category=message.category,  # type: ignore[arg-type]
-                    status_code=message.status_code,  # type: ignore[arg-type]
-                    error_type=message.error_type,  # type: ignore[arg-type]
-                    parameter=message.parameter,
-                    request_id=message.request_id,
-                    stage_id=message.stage_id,
-                    fatal=message.fatal,
-                    faulted=message.faulted,
-                    retry_after_s=message.retry_after_s,
-                    reason=message.reason,
-                    event_id=message.event_id,
-                )
-            )
+            return _encoder.encode(_compact(message, message))
         details = message.to_details()
         if legacy_wire:
             legacy = details.to_wire(legacy=True)
@@ -342,23 +341,17 @@ def encode(
             return _encoder.encode(
                 LegacyErrorMessage(**legacy, event_id=message.event_id)
             )
-        return _encoder.encode(
-            CompactError(
-                message=details.message,
-                category=details.category,
-                status_code=details.status_code,
-                error_type=details.error_type,
-                parameter=details.parameter,
-                request_id=details.request_id,
-                stage_id=details.stage_id,
-                fatal=details.fatal,
-                faulted=details.faulted,
-                retry_after_s=details.retry_after_s,
-                reason=message.reason,
-                event_id=message.event_id,
-            )
-        )
+        return _encoder.encode(_compact(details, message))
     return _encoder.encode(message)
+
+
+def _compact(record: OmniErrorDetails | ErrorMessage, message: ErrorMessage) -> Any:
+    """A ``CompactError`` of ``record``'s fields and ``message``'s own."""
+    return CompactError(
+        **{name: getattr(record, name) for name in RECORD_FIELDS},
+        reason=message.reason,
+        event_id=message.event_id,
+    )
 
 
 def _complete(message: ErrorMessage) -> bool:
