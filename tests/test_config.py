@@ -317,8 +317,8 @@ def _orchestrator_settings(engine: AsyncOmni) -> tuple[Any, ...]:
         orchestrator.channel.transport,
         orchestrator.channel.host,
         orchestrator.channel.port,
-        orchestrator.supervisor.heartbeat_timeout_s,
-        orchestrator.supervisor.silence_timeout_s,
+        orchestrator.supervisor.watch.heartbeat_timeout_s,
+        orchestrator.supervisor.watch.silence_timeout_s,
     )
 
 

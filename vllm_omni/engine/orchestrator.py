@@ -200,9 +200,9 @@ class Orchestrator:
         route = self.routes.route(wanted)
         check_inputs(prompt, params, stage_params or {}, route)
         self.requests.check_new(request_id)
-        self.supervisor.check_reachable(route[0])
+        self.supervisor.watch.check_reachable(route[0])
         for stage in route:
-            self.supervisor.check_answering(stage, request_id)
+            self.supervisor.watch.check_answering(stage, request_id)
         request = self.requests.open(request_id)
         try:
             # aclosing: a consumer that goes away closes the whole chain now,
@@ -300,7 +300,7 @@ class Orchestrator:
     def _submit(self, request: Request, stage: StageConfig, submit: m.Submit) -> None:
         self.supervisor.check_serving(request.wire_id)
         try:
-            self.supervisor.check_answering(stage, request.request_id)
+            self.supervisor.watch.check_answering(stage, request.request_id)
             self.requests.enter(request, stage)
         except Exception:
             if request.stage is not None:

@@ -1,5 +1,5 @@
-"""Starts and stops a pipeline's stages and watches them: readiness,
-heartbeats, silence and death (docs/design.md §6)."""
+"""Starts and stops a pipeline's stages, and declares the engine dead when
+one of them dies (docs/design.md §6)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import tempfile
 import time
 import weakref
 
-from vllm_omni.config import HEARTBEAT_INTERVAL_S, PipelineConfig, StageConfig
-from vllm_omni.engine import liveness, processes
+from vllm_omni.config import PipelineConfig, StageConfig
+from vllm_omni.engine import processes
 from vllm_omni.engine.inline import InlineStage, runs_inline
 from vllm_omni.engine.processes import LauncherError, Lease, StageProcess
 from vllm_omni.engine.recovery import Recovery
@@ -26,18 +26,16 @@ from vllm_omni.engine.stage_handle import (
     StageStartupError,
 )
 from vllm_omni.engine.stage_metrics import STAGE_METRICS, StageDirectories
+from vllm_omni.engine.stage_watch import StageWatch
 from vllm_omni.engine.stage_worker import WorkerSpec
 from vllm_omni.errors import (
     OmniEngineDeadError,
     OmniServiceUnavailableError,
-    OmniStageTimeoutError,
-    fatal_reason,
     normalize,
 )
 from vllm_omni.errors.details import OmniErrorDetails
 from vllm_omni.errors.metrics import (
     ENGINE_DEAD,
-    EVENT_LOOP_LAG,
     STAGE_FAULTED_SECONDS,
     STAGE_RECOVERY_WINDOW,
     STAGE_STATUS,
@@ -50,8 +48,6 @@ from vllm_omni.wire import messages as m
 __all__ = ["Supervisor"]
 
 logger = logging.getLogger(__name__)
-
-_WATCH_INTERVAL_S = 0.1
 
 
 def _stage_log_settings() -> tuple[int, bool]:
@@ -87,8 +83,9 @@ def _reap(
 
 
 class Supervisor:
-    """The stages' lives: they start (or the engine never runs), they are
-    heard from, and when one dies the engine is dead for every request."""
+    """The stages' lives: they start (or the engine never runs), their
+    ``StageWatch`` hears them, and when one dies the engine is dead for every
+    request."""
 
     def __init__(
         self,
@@ -106,27 +103,33 @@ class Supervisor:
         self.channel = channel
         self.launcher = launcher
         self.startup_timeout_s = startup_timeout_s
-        self.heartbeat_timeout_s = heartbeat_timeout_s
-        # None: a stage is never silent, only dead after heartbeat_timeout_s.
-        self.silence_timeout_s = silence_timeout_s
-        self.death_grace_s = death_grace_s
         self.handles: dict[int, StageHandle] = {}
         self.dead: OmniEngineDeadError | None = None
-        # The launcher's control plane does not answer: admission refuses.
-        self.unreachable = False
         self.started = False
         self.closed = False
         self._requests = requests
-        self._tasks: list[asyncio.Task[None]] = []
         self._finalizer: weakref.finalize | None = None
         self.recovery = Recovery(
             self.handles,
             channel,
             requests,
-            serving=lambda: not self.closed and self.dead is None,
+            serving=self.serving,
             mark_dead=self.mark_dead,
             publish=self.publish,
             status_of=self.status_of,
+        )
+        self.watch = StageWatch(
+            self.handles,
+            channel,
+            requests,
+            self.recovery,
+            launched=launcher is not None,
+            heartbeat_timeout_s=heartbeat_timeout_s,
+            silence_timeout_s=silence_timeout_s,
+            death_grace_s=death_grace_s,
+            serving=self.serving,
+            mark_dead=self.mark_dead,
+            publish=self.publish,
         )
 
     # -- startup and shutdown -------------------------------------------------
@@ -148,9 +151,9 @@ class Supervisor:
                     self.pipeline,
                     address,
                     LauncherHooks(
-                        exited=self._on_stage_exit,
-                        answering=self._on_stage_answering,
-                        reachable=self._on_reachable,
+                        exited=self.watch.on_exit,
+                        answering=self.watch.on_answering,
+                        reachable=self.watch.on_reachable,
                     ),
                 )
             # A stage in this process may hold the loop while it starts (a
@@ -160,7 +163,9 @@ class Supervisor:
             # processes start meanwhile; one that died is seen at the
             # watch's first tick).
             await self._start_inline()
-            self._tasks.append(asyncio.create_task(self._watch(), name="omni-watch"))
+            self.watch.tasks.append(
+                asyncio.create_task(self.watch.run(), name="omni-watch")
+            )
             for handle in self.handles.values():
                 if handle.config.remote:
                     logger.warning(
@@ -280,7 +285,7 @@ class Supervisor:
         self._requests.close_all(
             lambda request: OmniServiceUnavailableError("The engine is shutting down.")
         )
-        for task in [*self._tasks, *self.recovery.tasks]:
+        for task in [*self.watch.tasks, *self.recovery.tasks]:
             # A dropped engine may be finalized after its loop closed.
             with contextlib.suppress(RuntimeError):
                 task.cancel()
@@ -337,134 +342,6 @@ class Supervisor:
             return True
         return False
 
-    # -- liveness --------------------------------------------------------------
-
-    async def _watch(self) -> None:
-        loop = asyncio.get_running_loop()
-        next_beat = previous = loop.time()
-        while self.dead is None and not self.closed:
-            await asyncio.sleep(_WATCH_INTERVAL_S)
-            now = loop.time()
-            EVENT_LOOP_LAG.observe(max(0.0, now - previous - _WATCH_INTERVAL_S))
-            paused = liveness.stalled(previous, now, _WATCH_INTERVAL_S)
-            previous = now
-            if paused:
-                # Not the stages' silence: see ``liveness``.
-                logger.warning(
-                    "the orchestrator did not run for %.1f s (process or machine "
-                    "paused); stage silence over that time is not counted",
-                    paused,
-                )
-                for handle in self.handles.values():
-                    handle.last_seen = liveness.credited(handle.last_seen, paused, now)
-            for handle in self.handles.values():
-                if await self._watch_one(handle, now):
-                    return
-            if now >= next_beat:
-                next_beat = now + HEARTBEAT_INTERVAL_S
-                for handle in self.handles.values():
-                    if self._watched_by_heartbeat(handle):
-                        self.channel.post(handle, m.Heartbeat())
-
-    async def _watch_one(self, handle: StageHandle, now: float) -> bool:
-        """One tick for one stage; True once the engine is dead."""
-        death = handle.inline.health() if handle.inline is not None else None
-        if death is not None:
-            # In this process: its engine died (no process to exit).
-            self.mark_dead(handle.config.id, fatal_reason(death))
-            return True
-        if handle.inline is not None:
-            self.recovery.on_engine_status(handle, *handle.inline.fault_status())
-            if self.dead is not None:
-                return True
-        self.recovery.watch(handle, now)
-        process = handle.process
-        if process is not None and not process.is_alive():
-            # Let the receiver deliver a fatal record sent just before exit.
-            await asyncio.sleep(self.death_grace_s)
-            self.mark_dead(
-                handle.config.id, f"stage process exited with code {process.exitcode}"
-            )
-            return True
-        if self._watched_by_heartbeat(handle) and handle.ready.done():
-            unheard = now - handle.last_seen
-            if unheard > self.heartbeat_timeout_s:
-                self.mark_dead(handle.config.id, "stage heartbeat lost")
-                return True
-            if self.silence_timeout_s is not None:
-                self._set_silent(
-                    handle,
-                    "heartbeat",
-                    unheard > self.silence_timeout_s,
-                    f"not heard from for {unheard:.1f} s",
-                )
-        return False
-
-    def _watched_by_heartbeat(self, handle: StageHandle) -> bool:
-        return handle.config.remote or self.launcher is not None
-
-    def _on_stage_exit(self, stage_id: int, reason: str) -> None:
-        """A launched stage stopped (the launcher's liveness source)."""
-
-        async def mark() -> None:
-            # Let the receiver deliver a fatal record sent just before exit.
-            await asyncio.sleep(self.death_grace_s)
-            self.mark_dead(stage_id, reason)
-
-        self._tasks.append(asyncio.create_task(mark(), name=f"omni-exit-{stage_id}"))
-
-    def _on_stage_answering(self, stage_id: int, answering: bool) -> None:
-        """A launched stage's probe changed (docs/design.md §6)."""
-        self._set_silent(
-            self.handles[stage_id], "probe", not answering, "its probe got no answer"
-        )
-
-    def _set_silent(
-        self, handle: StageHandle, source: str, silent: bool, why: str
-    ) -> None:
-        """``source`` says the stage is silent (or no longer); on the change of
-        the stage's state, fail what it holds, or admit again."""
-        was = handle.silent
-        if silent:
-            handle.silent_by.add(source)
-        else:
-            handle.silent_by.discard(source)
-        if handle.silent == was or self.closed or self.dead is not None:
-            return
-        self.publish(handle)
-        stage_id, name = handle.config.id, handle.config.name
-        if not silent:
-            logger.info("stage %d (%s) answers again: admitting", stage_id, name)
-            return
-        logger.warning(
-            "stage %d (%s) does not answer (%s): %d request(s) in flight there "
-            "fail with 504, new ones for it are refused with 503",
-            stage_id,
-            name,
-            why,
-            len(self._requests.at_stage(stage_id)),
-        )
-        self._requests.fail_at_stage(
-            stage_id,
-            lambda: OmniStageTimeoutError(
-                f"Stage {stage_id} ({name}) stopped answering.", stage_id=stage_id
-            ),
-            "timeout",
-        )
-
-    def _on_reachable(self, reachable: bool) -> None:
-        """The launcher's control plane changed (docs/design.md §6)."""
-        if self.unreachable is not reachable:
-            return
-        self.unreachable = not reachable
-        if reachable:
-            logger.info("the stages' cluster answers again: admitting")
-        else:
-            logger.warning(
-                "the stages' cluster does not answer: new requests are refused "
-                "with 503, admitted ones go on"
-            )
-
     # -- admission checks ------------------------------------------------------
 
     def check_serving(self, request_id: str | None = None) -> None:
@@ -474,25 +351,9 @@ class Supervisor:
         if not self.started or self.closed:
             raise OmniServiceUnavailableError("The engine is not running.")
 
-    def check_reachable(self, first: StageConfig) -> None:
-        """Refuse a new request while the launcher's control plane is down."""
-        if self.unreachable:
-            raise OmniServiceUnavailableError(
-                f"Stage {first.id} ({first.name}) cannot be reached; retry later.",
-                stage_id=first.id,
-            )
-
-    def check_answering(self, stage: StageConfig, request_id: str | None) -> None:
-        """Refuse a request that needs ``stage`` while the stage is silent
-        (503) or its engine faulted (``Recovery.refuse``)."""
-        handle = self.handles[stage.id]
-        if handle.silent:
-            raise OmniServiceUnavailableError(
-                f"Stage {stage.id} ({stage.name}) is not answering; retry later.",
-                stage_id=stage.id,
-            )
-        if handle.fault.faulted:
-            self.recovery.refuse(handle, request_id)
+    def serving(self) -> bool:
+        """Started or starting, not dead and not shut down."""
+        return not self.closed and self.dead is None
 
     # -- status and death ------------------------------------------------------
 
