@@ -96,6 +96,38 @@ def test_the_design_lists_these_layers() -> None:
     ]
 
 
+def _engine_floors() -> list[tuple[str, ...]]:
+    """docs/design.md §1's table of ``vllm_omni/engine/``'s floors, lowest
+    first, as modules."""
+    design = (ROOT / "docs" / "design.md").read_text()
+    section = design.split("## §1", 1)[1].split("\n## ", 1)[0]
+    table = section.split("| engine floor |", 1)[1].split("\n\n", 1)[0]
+    return [
+        tuple(
+            "vllm_omni.engine." + name.removesuffix(".py")
+            for name in re.findall(r"`([^`]+\.py)`", line.split("|")[1])
+        )
+        for line in table.splitlines()[2:]
+    ]
+
+
+def test_engine_modules_point_down_their_floors() -> None:
+    """The orchestrator's collaborators never import it, the stage side never
+    imports the orchestrator's side, and every engine module has a floor."""
+    floors = _engine_floors()
+    floor = {module: index for index, row in enumerate(floors) for module in row}
+    graph = import_graph(ROOT, "vllm_omni")
+    modules = {m for m in graph if m.startswith("vllm_omni.engine.")}
+    assert sorted(modules - set(floor)) == []
+    upward = [
+        f"{importer} imports {imported}"
+        for importer in sorted(modules)
+        for imported in sorted(graph[importer])
+        if imported in floor and floor[imported] > floor[importer]
+    ]
+    assert upward == []
+
+
 def _tree(root: Path, files: dict[str, str]) -> None:
     for relative, text in files.items():
         path = root / relative
