@@ -514,3 +514,29 @@ def test_client_cut_stream_aborts_in_the_stages(omni_server: OmniServer) -> None
         )
         == 1
     )
+
+
+def test_every_route_but_health_and_metrics_needs_the_key(
+    omni_server: OmniServer,
+) -> None:
+    """docs/serving.md, "API keys": every HTTP route of the served document,
+    and the document and its pages, answer 401 without the key."""
+    base = omni_server.base_url
+    document = httpx.get(base + "/openapi.json", headers=omni_server.headers())
+    assert document.status_code == 200
+    routes = [
+        (method.upper(), path.replace("{", "").replace("}", ""))
+        for path, operations in document.json()["paths"].items()
+        for method in operations
+    ]
+    routes += [("GET", "/openapi.json"), ("GET", "/docs"), ("GET", "/redoc")]
+    assert len(routes) > 10
+    for method, path in routes:
+        answer = httpx.request(method, base + path)
+        if path in ("/health", "/metrics"):
+            assert answer.status_code != 401, path
+            continue
+        assert answer.status_code == 401, (method, path, answer.status_code)
+        assert answer.json()["error"]["type"] == "AuthenticationError"
+    assert httpx.get(base + "/health").status_code == 200
+    assert httpx.get(base + "/metrics").status_code == 200

@@ -12,6 +12,7 @@ uvicorn).
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -164,10 +165,6 @@ def test_without_a_model_the_pipeline_is_served(
             "vllm stage to give it to",
         ),
         (
-            ("org/model", "--enable-request-id-headers"),
-            "--enable-request-id-headers is not supported by vllm-omni serve",
-        ),
-        (
             ("org/model", "--middleware", "my.Middleware"),
             "--middleware is not supported by vllm-omni serve",
         ),
@@ -240,6 +237,63 @@ def test_own_option_mistake_fails_before_vllm_is_imported(tmp_path: Path) -> Non
         f"{PROG}argument --error-mode: invalid choice: 'lenient' "
         "(choose from 'strict', 'legacy')\n"
     )
+
+
+def test_enable_request_id_headers_is_accepted_it_is_always_on_here(
+    parser: Any, own: set[str]
+) -> None:
+    served = _resolve(parser, own, "org/model", "--enable-request-id-headers")
+    assert served.args.enable_request_id_headers is True
+
+
+def _help(parser: Any, capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args(list(argv))
+    assert exited.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_help_says_how_to_open_each_group(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--help`` lists the groups and says how to open one; this project's
+    group lists its options, with each default said once."""
+    from vllm_omni.entrypoints.cli import vllm_args
+
+    parser = vllm_args.make_parser("vllm-omni serve")
+    overview = _help(parser, capsys, "--help")
+    assert "--help=<group>" in overview and "--help=vllm-omni" in overview
+    assert "--help=all" in overview
+    groups = overview.split("Config Groups:", 1)[1]
+    assert "vllm-omni" in groups and "request-limits" in groups
+    ours = _help(parser, capsys, "--help=vllm-omni")
+    for option in ("--pipeline", "--error-mode", "--worker-backend", "--job-store"):
+        assert option in ours, option
+    limits = _help(parser, capsys, "--help=request-limits")
+    assert "--max-request-bytes" in limits
+    every = _help(parser, capsys, "--help=all")
+    for text in (ours, limits, every):
+        flat = " ".join(text.split())
+        assert re.findall(r"default[^()]*\) \(default:", flat) == []
+    key = " ".join(_help(parser, capsys, "--help=api-key").split())
+    assert "$VLLM_OMNI_API_KEY" in key and "/invocations" not in key
+
+
+@pytest.mark.parametrize(
+    ("argv", "out"),
+    [
+        (("--version",), "0."),
+        (("-V",), "0."),
+        (("errors", "--help"), "vllm-omni errors audit --help"),
+        (("--help",), "vllm-omni serve --help"),
+    ],
+)
+def test_the_commands_own_help_and_version(argv: tuple[str, ...], out: str) -> None:
+    from vllm_omni.version import __version__
+
+    code, stdout, stderr, _ = _run(console_script("vllm-omni"), *argv, timeout=60)
+    assert code == 0, stderr
+    assert out in stdout
+    if "--version" in argv or "-V" in argv:
+        assert stdout == f"{__version__}\n"
 
 
 def test_help_lists_vllm_serve_arguments_and_this_projects() -> None:

@@ -12,6 +12,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from vllm_omni.version import __version__
+
 # subcommand path -> "module:function"; each function takes argv and returns
 # an exit code.
 _COMMANDS: dict[tuple[str, ...], str] = {
@@ -33,7 +35,21 @@ _USAGE = """usage: vllm-omni <command> [options]
 commands:
   serve          start the OpenAI-compatible server (vllm-omni serve --help)
   errors audit   inventory raw raise sites and error-handling anti-patterns
+                 (vllm-omni errors audit --help)
+
+options:
+  -h, --help     show this message
+  -V, --version  show vllm-omni's version
 """
+_ERRORS_USAGE = """usage: vllm-omni errors <command> [options]
+
+commands:
+  audit   inventory raw raise sites and error-handling anti-patterns
+          (vllm-omni errors audit --help)
+"""
+# Commands whose own word alone (or with --help) shows its usage.
+_GROUP_USAGE = {("errors",): _ERRORS_USAGE}
+_HELP = ("-h", "--help")
 
 
 def _missing_tool(module_name: str) -> str | None:
@@ -77,7 +93,18 @@ def _run(argv: Sequence[str]) -> int:
                 return 2
             handler = getattr(importlib.import_module(module_name), func)
             return int(handler(args[len(path) :]) or 0)
-    if args and args[0] in ("-h", "--help"):
+    if args[:1] in (["-V"], ["--version"]):
+        sys.stdout.write(f"{__version__}\n")
+        return 0
+    for path, usage in _GROUP_USAGE.items():
+        if tuple(args[: len(path)]) == path:
+            rest = args[len(path) :]
+            if rest[:1] and rest[0] in _HELP:
+                sys.stdout.write(usage)
+                return 0
+            sys.stderr.write(usage)
+            return 2
+    if args[:1] and args[0] in _HELP:
         sys.stdout.write(_USAGE)
         return 0
     sys.stderr.write(_USAGE)

@@ -79,7 +79,11 @@ def add_tracing_options(parser: argparse.ArgumentParser) -> None:
 
 def add_omni_options(parser: argparse.ArgumentParser) -> None:
     """Every option of this project's own (not ``--host``/``--port``/``--api-key``)."""
-    group = parser.add_argument_group("vllm-omni")
+    group = parser.add_argument_group(
+        "vllm-omni",
+        "vllm-omni's own options: the pipeline, error mode, admission, "
+        "video jobs, worker backend.",
+    )
     group.add_argument(
         "--pipeline",
         default=None,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from vllm.engine.arg_utils import AsyncEngineArgs
-from vllm.utils.argparse_utils import FlexibleArgumentParser
+from vllm.utils.argparse_utils import FlexibleArgumentParser, SortedHelpFormatter
 
 from vllm_omni.config import (
     PipelineConfig,
@@ -65,6 +65,8 @@ HONOURED_FRONTEND = frozenset(
         "root_path",
         "h11_max_incomplete_event_size",
         "h11_max_header_count",
+        # Always on here: every response carries X-Request-Id.
+        "enable_request_id_headers",
     }
 )
 # Parser entries that are neither engine nor frontend arguments.
@@ -73,6 +75,31 @@ _PARSER_ONLY = frozenset({"help", "model_tag", "config"})
 
 class CommandLineError(Exception):
     """A command line that cannot be served; the message is the one line."""
+
+
+_GROUPS_HELP = (
+    "Each group's arguments: --help=<group>, e.g. --help=vllm-omni (this "
+    "project's options), --help=request-limits, --help=Frontend, "
+    "--help=ModelConfig. One argument: --help=<name>, e.g. --help=api-key. "
+    "Every argument: --help=all."
+)
+_API_KEY_HELP = (
+    "require 'Authorization: Bearer KEY' (or 'X-API-Key: KEY') on every "
+    "route but /health and /metrics, the OpenAPI document and its pages "
+    "included; several keys are accepted (default: $VLLM_OMNI_API_KEY, "
+    "else no key)"
+)
+
+
+class _HelpFormatter(SortedHelpFormatter):
+    """vLLM's help layout; an option whose help already says its default
+    keeps that sentence alone (no second ``(default: ...)``)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text:
+            return text
+        return super()._get_help_string(action)
 
 
 class _OneLineParser(FlexibleArgumentParser):
@@ -127,8 +154,13 @@ def make_parser(prog: str) -> FlexibleArgumentParser:
         # A misspelling that happens to be a prefix (``--max-num-seq``) is
         # refused, not taken for the option it abbreviates.
         allow_abbrev=False,
+        formatter_class=_HelpFormatter,
+        epilog=_GROUPS_HELP,
     )
     _make_arg_parser()(parser)
+    for action in parser._actions:
+        if action.dest == "api_key":
+            action.help = _API_KEY_HELP
     add_omni_options(parser)
     parser.set_defaults(host=DEFAULT_HOST, api_key=default_api_key())
     return parser

@@ -35,6 +35,7 @@ from starlette.responses import Response
 from vllm_omni.entrypoints.async_omni import AsyncOmni
 from vllm_omni.entrypoints.openai.auth import (
     authenticate_before_body,
+    authenticate_documents,
     require_api_key,
 )
 from vllm_omni.entrypoints.openai.limits import RequestLimits
@@ -166,6 +167,7 @@ def build_app(args: argparse.Namespace) -> FastAPI:
         r for r in app.router.routes if getattr(r, "path", None) != app.openapi_url
     ]
     app.add_route(str(app.openapi_url), openapi.endpoint, include_in_schema=False)
+    authenticate_documents(app)
     return app
 
 

@@ -19,11 +19,12 @@ import hmac
 from fastapi import FastAPI
 from fastapi.routing import APIRoute, APIWebSocketRoute
 from starlette.requests import HTTPConnection
+from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from vllm_omni.errors import OmniClientError
 
-__all__ = ["authenticate_before_body", "require_api_key"]
+__all__ = ["authenticate_before_body", "authenticate_documents", "require_api_key"]
 
 
 def _presented_key(conn: HTTPConnection) -> str | None:
@@ -67,4 +68,19 @@ def authenticate_before_body(app: FastAPI) -> None:
         if not isinstance(route, APIRoute | APIWebSocketRoute):
             continue
         if any(dep.dependency is require_api_key for dep in route.dependencies):
+            route.app = _checked_first(route.app)
+
+
+def authenticate_documents(app: FastAPI) -> None:
+    """The OpenAPI document and its pages (``/openapi.json``, ``/docs``,
+    ``/redoc``) need the key too: only ``/health`` and ``/metrics`` are open
+    (docs/serving.md, "API keys")."""
+    paths = {
+        app.openapi_url,
+        app.docs_url,
+        app.redoc_url,
+        app.swagger_ui_oauth2_redirect_url,
+    }
+    for route in app.router.routes:
+        if isinstance(route, Route) and route.path in paths:
             route.app = _checked_first(route.app)

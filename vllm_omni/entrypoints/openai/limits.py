@@ -63,7 +63,9 @@ def _positive(text: str) -> int:
 def add_limit_options(parser: argparse.ArgumentParser) -> None:
     """Add ``--max-request-bytes`` … ``--max-image-frames`` with their defaults."""
     defaults = RequestLimits()
-    group = parser.add_argument_group("request limits")
+    group = parser.add_argument_group(
+        "request-limits", "How large a request, a file or a message may be."
+    )
     for f in fields(RequestLimits):
         default = getattr(defaults, f.name)
         group.add_argument(
