@@ -1,19 +1,7 @@
 """What the engine, the stages and the job workers call for each request.
 
-Owns the cheap front of tracing: each hook is one global read when tracing
-is off in this process (and then imports nothing of OpenTelemetry), and
-hands over to ``spans`` when it is on.
-
-- ``submission_headers``: the W3C headers that travel with a request's
-  submissions on the stage wire: the current span's (the server span, when
-  a route calls the engine) when this process traces; else the caller's
-  ``trace_headers`` as given, so a ``vllm`` stage's engine still joins the
-  caller's trace (0.30's ``AsyncOmni.generate`` contract).
-- ``stage_span``: a span for one stage's work on one request, continuing
-  the submission's headers (a peer that sends none: a trace of its own).
-- ``request_span``: the root span of a Python caller's request, when no
-  traced request is calling (``OFF`` otherwise): its stages' parent.
-- ``job_span``: the span of one async job run.
+Each hook is one global read when tracing is off, and hands over to
+``spans`` when it is on (docs/observability/tracing.md).
 """
 
 from __future__ import annotations
