@@ -75,7 +75,9 @@ def _w3c(headers: Mapping[str, str] | None) -> dict[str, str] | None:
 def submission_headers(
     trace_headers: Mapping[str, str] | None,
 ) -> dict[str, str] | None:
-    """What travels with a request's submissions (module docstring)."""
+    """The W3C headers a request's submissions carry: the current span's when
+    this process traces, else the caller's ``trace_headers`` as given, so a
+    ``vllm`` stage's engine still joins the caller's trace."""
     if tracer() is None:
         return _w3c(trace_headers)
     from vllm_omni.tracing.spans import carrier
@@ -102,7 +104,8 @@ def stage_span(
 
 
 def request_span(request_id: str, trace_headers: Mapping[str, str] | None) -> StageSpan:
-    """The root span of a Python caller's request (module docstring)."""
+    """The root span of a Python caller's request, its stages' parent, when no
+    traced request is calling (``OFF`` otherwise)."""
     active = tracer()
     if active is None:
         return OFF

@@ -285,7 +285,8 @@ _raw_decoder = msgspec.msgpack.Decoder()
 def encode(
     message: Message, *, legacy_wire: bool = False, compact: bool = False
 ) -> bytes:
-    """Serialize ``message``; an error in the shape asked for (module docstring).
+    """Serialize ``message``; an error in the shape asked for: full, compact or
+    legacy (docs/errors/stages.md, "Three shapes").
 
     ``legacy_wire`` wins over ``compact``: a stage configured for a strict
     0.30 receiver never sends anything else.
