@@ -6,7 +6,7 @@ another tree such as the published 0.30.0 one), and so does every test the
 CHANGELOG names as the one that pins a change (older source paths there are
 history and may have moved). The design the code cites is ``docs/design.md``:
 no file refers to a design document outside the repository, and every
-section a reference cites exists.
+section a reference to it or to ``docs/runtime.md`` cites exists.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ TOP_FOLDERS = ("vllm_omni", "tests", "docs", "benchmarks", "tools", "requirement
 PATH = re.compile(
     r"(?<![\w./-])((?:\.ci|" + "|".join(TOP_FOLDERS) + r")/[\w./-]*[\w/])"
 )
-SECTION = re.compile(r"design\.md\)?\s+§(\d+)(?:\.(\d+))?")
+SECTION = re.compile(r"(design|runtime)\.md\)?\s+§(\d+)(?:\.(\d+))?")
 
 
 def _tracked() -> list[Path]:
@@ -62,12 +62,17 @@ def test_every_test_the_changelog_names_exists() -> None:
 
 
 def test_nothing_refers_to_a_design_document_outside_the_repository() -> None:
-    design = (ROOT / "docs" / "design.md").read_text()
     sections = {
-        (m.group(1), m.group(2))
-        for m in re.finditer(r"^##+ §(\d+)(?:\.(\d+))?", design, re.MULTILINE)
+        (page, m.group(1), m.group(2))
+        for page in ("design", "runtime")
+        for m in re.finditer(
+            r"^##+ §(\d+)(?:\.(\d+))?",
+            (ROOT / "docs" / f"{page}.md").read_text(),
+            re.MULTILINE,
+        )
     }
-    assert {("1", None), ("11", None)} <= sections
+    assert {("design", "1", None), ("design", "11", None)} <= sections
+    assert {("runtime", "1", None), ("runtime", "14", None)} <= sections
     outside, dangling = [], []
     for path in _tracked():
         if path.suffix not in {".py", ".md", ".toml", ".yml", ".yaml", ""}:
@@ -80,7 +85,7 @@ def test_nothing_refers_to_a_design_document_outside_the_repository() -> None:
             if re.search(r"DESIGN(\.md)?\b|shared/|shared folder", line):
                 outside.append(f"{name}:{number}: {line.strip()}")
             for match in SECTION.finditer(line):
-                if (match.group(1), match.group(2)) not in sections:
+                if match.groups() not in sections:
                     dangling.append(f"{name}:{number}: {match.group(0)}")
     assert outside == []
     assert dangling == []

@@ -1,18 +1,8 @@
 """What a caller gets back: ``OmniRequestOutput`` and ``DiffusionOutput``.
 
-Owns the result objects of ``AsyncOmni.generate`` and ``Omni.generate``. Each
-has an optional ``details``: the request's ``OmniErrorDetails`` when it
-failed and the caller asked for records instead of exceptions
-(``Omni.generate(..., raise_on_error=False)``); ``None`` on success. These
-objects never carry exceptions, tracebacks or anything the normalizer did
-not produce, and this module must not import vLLM or torch (the deprecated
-``from_exception`` imports the normalizer when called).
-
-0.30's flat error fields (``error``, ``error_status_code``, ``error_type``)
-stay readable for one release, deprecated: properties derived from
-``details``, never stored beside it. So do 0.30's constructors of a failed
-output, ``OmniRequestOutput.from_error`` and ``DiffusionOutput.from_exception``,
-which make the record the current way (docs/errors/stages.md).
+A failed request's output carries its record in ``details``, never an
+exception; 0.30's flat error fields are properties derived from it
+(docs/runtime.md §14). It must not import vLLM or torch.
 """
 
 from __future__ import annotations

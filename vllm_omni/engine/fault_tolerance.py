@@ -1,17 +1,8 @@
-"""A stage's fault tolerance as the orchestrator tracks it (docs/design.md §6).
+"""Reads what a stage reports of its engine's fault tolerance (docs/runtime.md §8).
 
-Owns the reading of what a stage reports of its engine's fault tolerance:
-vLLM 0.34's ``engine_status`` entry, the status its engine client caches
-(``healthy`` → ``diagnosing`` → ``unhealthy`` → ``healthy`` | ``dead``, with
-``fault_info``, ``ft_state``, ...), sent with the stage's heartbeat (a stage
-in the orchestrator's process is asked every watch tick). ``StageFault``
-keeps, per stage, the last status, the recovery window, since when the stage
-is faulted, and the recovery in flight (one at a time, each with the
-``request_id`` 0.34 requires) and when the next automatic one may start.
-
-It decides nothing about requests (the orchestrator refuses and fails them
-on the changes ``report`` returns) and must not import vLLM: the status
-crosses the wire as plain data and is checked here, field by field.
+``StageFault`` keeps one stage's last status, recovery window and recovery in
+flight. It decides nothing about requests (``recovery`` does) and must not
+import vLLM: the status crosses the wire as plain data, checked here.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Fault injection for drills and tests: make a stage raise, exit or hang.
 
-Owns the three actions a pipeline's ``faults`` can request when a prompt
-contains a fault's marker: ``raise`` (a ``RuntimeError``, or the named
-exception class with the configured arguments), ``exit`` (``os._exit(1)``,
-a crash that skips all cleanup) and ``hang`` (sleep far past any deadline,
-preemptibly). It runs inside the stage process, before the stage sees the
-request. Which exception a ``raise`` fault builds is the schema's business
-(``FaultConfig.build_exception`` in ``vllm_omni.config``, which checks each
-one at load time); this module only depends on that, never the reverse.
+Runs in the stage's process before the stage sees the request
+(docs/runtime.md §9). Which exception a ``raise`` fault builds is
+``vllm_omni.config``'s business: this module depends on it, never the reverse.
 """
 
 from __future__ import annotations

@@ -1,53 +1,8 @@
 """Stages that run in the orchestrator's process: the stage contract, no hop.
 
-A stage runs here instead of in a stage process of its own when its
-``in_process`` says so (by default the kinds in
-``vllm_omni.stages.INLINE_KINDS``: the guardrail), the engine runs its
-stages as local processes, and nothing asks for a process (not ``remote``,
-no fault drill aimed at it). A hop to a stage process and back costs
-hundreds of microseconds per request, and a streaming stage pays a message
-per chunk on top; here a chunk is one queue put. Everything a stage process
-does for a request is done here the same way (``stage_worker``):
-
-- what the stage raises is normalized here, with ``normalize(exc,
-  request_id=..., stage_id=...)`` in strict mode, into the same record a
-  stage process would send (a ``CancelledError`` the stage raises on its
-  own, nobody cancelling, is a failure like any other), logged with the
-  same line (``log_failure``); the orchestrator rebuilds it with
-  ``to_exception``, as it does a record off the wire;
-- an abort cancels the request's running work, as in a stage process, and
-  is logged with the same line (``abort_request``) and counted;
-- its log lines are a stage process's (``stage_logger``): stamped with the
-  stage and request ids, one write each to stderr, at the level and with
-  the tracebacks the engine's process would show, credentials redacted;
-- ``stats`` answers what a stage process answers (``StageStats``), with this
-  process's pid;
-- liveness: a stage process that can no longer serve exits and the
-  orchestrator sees the exit; a stage here is asked instead
-  (``health``, every watch tick): what its ``check_health`` raises (the
-  ``vllm`` stage: upstream's ``EngineDeadError`` once its EngineCore died)
-  is the stage's death, even while no request is in flight;
-- the engine's ``vllm:`` metrics: what the stage's engine registered on this
-  process's default registry while it started, and what it registers later
-  (vLLM 0.34's ``vllm:request_render_duration_seconds``, on the first
-  render), is moved to a registry of the stage's own and exported with the
-  ``stage`` label (``stage_metrics``), as a stage process's files are; a
-  stage that can no longer serve shows its counters and histograms and no
-  gauge;
-- shutdown: the stage's ``shutdown`` runs when the engine shuts down (the
-  ``vllm`` stage stops its EngineCore there).
-
-Two ways to run a request, by whether the stage's ``generate`` waits:
-
-- a kind of ``INLINE_KINDS`` never waits: the orchestrator runs it in the
-  request's own task (``run``), between the stages on either side; nothing
-  can preempt it and there is nothing to cancel;
-- any other kind (``waits``) runs in a task of its own per request
-  (``spawn``), as in a stage process, so that an abort, a deadline or the
-  consumer going away cancels exactly that request's work; each chunk is
-  handed to the orchestrator as it comes (``emit``).
-
-This module must not decide statuses or build envelopes, and must not
+Does for a request what a stage process does (normalize, log, abort, stats,
+health, metrics, shutdown), in the request's own task or in one of its own
+(docs/runtime.md §4). It must not decide statuses, build envelopes or
 rebuild exceptions from records.
 """
 

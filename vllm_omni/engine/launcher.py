@@ -1,24 +1,9 @@
 """The stage launcher process: ``python -m vllm_omni.engine.launcher``.
 
-Owns the making of local stage processes. For a library caller it is a
-fresh interpreter started by ``processes`` (never a multiprocessing child of
-the caller), so the caller's ``__main__`` (a plain script, ``python -``, a
-notebook) is never imported or re-run. It imports the stage worker (and
-with it vLLM) once, then forks one child per stage on request: being
-single-threaded and holding nothing but two pipes, it is safe to fork.
-``vllm-omni serve``, which controls its own main module and has imported
-vLLM already, forks it instead (``serve_forked``) while still
-single-threaded, so the server pays for one vLLM import, not two.
-
-Protocol (``multiprocessing.connection`` framing on two pipes, pickled
-tuples): the parent sends ``("spawn", token, WorkerSpec)``; the launcher
-answers ``("ready", pid)`` once, ``("started", token, pid)`` or
-``("failed", token, reason)`` per spawn, and ``("exited", pid, exitcode)``
-when it reaps a stage. End of input (the parent closed the pipe or died) stops
-every stage it made and ends the launcher, so nothing outlives its user.
-
-It must not decide anything about requests or errors: the stages and the
-orchestrator speak over ZMQ, not through here.
+Imports vLLM once and forks one stage process per request over two pipes;
+its end of input stops every stage it made (docs/runtime.md §2). It must not
+decide anything about requests or errors: stages and the orchestrator speak
+over ZMQ.
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
 """Silence counted in awake time, on both ends of the stage wire.
 
-Owns one rule: a watcher only counts silence while it was itself running.
-The orchestrator marks a stage dead after ``heartbeat_timeout_s`` without a
-message from it, and a remote stage exits after ``orchestrator_timeout_s``
-without one from the orchestrator. A watcher whose own loop did not run for
-a while - its process stopped or starved, or the whole machine paused (a
-busy VM host, a suspended laptop) - heard nothing in that time because it
-was not listening, and a peer paused with it had nothing to say: judged
-right after such a pause, a healthy peer looked dead (measured: a 12 s
-pause of a Ray stage and of the orchestrator's loop together marked the
-engine dead). So a watcher that wakes more than ``STALL_TOLERANCE_S`` later
-than it asked to credits that time to every peer's last-heard time before
-judging; a peer that is really gone stays silent and is judged after the
-timeout of awake time. A watcher stopped alone never needed this: its
-peers' messages wait in its socket and are read first.
+A watcher that wakes more than ``STALL_TOLERANCE_S`` late credits the pause
+to every peer's last-heard time before judging it (docs/runtime.md §6).
 """
 
 from __future__ import annotations

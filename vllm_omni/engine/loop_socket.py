@@ -1,23 +1,8 @@
 """A ZMQ socket served straight from the event loop: no future per message.
 
-Owns reading and writing one ZMQ socket from an asyncio loop for the stage
-wire's hot path. pyzmq's ``zmq.asyncio`` makes a future for every receive
-and every send and turns event flags into Python enums on each; on the
-orchestrator, which every request of the engine crosses, that cost about as
-much CPU as the rest of its per-request work. Here the socket's file
-descriptor is registered with ``loop.add_reader`` and every waiting message
-is handed to ``on_message`` in that callback, as soon as it is read. Sends
-never wait: the sockets of the wire have no high-water mark, so a send
-either queues or fails at once (``zmq.ZMQError``, for the caller to handle).
-
-ZMQ's descriptor is edge-triggered: it signals when the socket's state
-changes, and any operation on the socket (a send included) may consume the
-signal while a message waits. So the socket's ``EVENTS`` decides: a drain
-reads until no input is pending, and after every send pending input is
-drained in a callback soon after. A failing ``on_message`` is logged and
-the drain goes on: no message may be left behind unsignalled.
-
-It must not know what the messages mean (``messages`` decodes them).
+Reads in a ``loop.add_reader`` callback and drains by the socket's ``EVENTS``,
+since ZMQ's descriptor is edge-triggered (docs/runtime.md §7). It must not
+know what the messages mean (``messages`` decodes them).
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """The orchestrator: moves each request through its stages, as vLLM's
-``AsyncLLM`` moves it through its engine core (docs/design.md §6).
+``AsyncLLM`` moves it through its engine core (docs/runtime.md §5).
 
-It keeps the request flow and hands the rest to its collaborators: the
-``Supervisor`` (stages' start, liveness, death; its ``Recovery`` for faults),
-the ``StageChannel`` (the wire), the ``RequestTable`` (admission, deadlines,
-aborts), ``Routes`` and ``input_processor`` (a request's stages and checks)
-and ``merging`` (outputs). It must not classify exceptions (stages
-normalize, ``to_exception`` rebuilds) and must not render anything.
+It keeps the request flow and hands the rest to its collaborators. It must
+not classify exceptions (stages normalize, ``to_exception`` rebuilds) and
+must not render anything.
 """
 
 from __future__ import annotations

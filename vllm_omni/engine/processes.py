@@ -1,28 +1,8 @@
 """How stage processes are made: our own launcher process, cheap forks.
 
-Importing vLLM (and with it torch) costs several seconds per process, and
-every stage process needs vLLM's exception classes to normalize errors. So
-stage processes are forks of one launcher, ``python -m
-vllm_omni.engine.launcher`` (see ``launcher.py``), which imports vLLM once.
-For a library caller the launcher is a fresh interpreter started with
-``subprocess``, not a multiprocessing child: the caller's main module (a
-plain top-level script, ``python - < script.py``) is never re-run, exactly as
-with ``vllm.LLM``, and the caller (which may have threads and an event loop)
-is never forked. ``vllm-omni serve`` instead forks the launcher from itself,
-once vLLM is imported and before any thread starts, so the server pays for a
-single vLLM import.
-
-One launcher serves every engine of a process. Engines lease it
-(``acquire``); when the last lease is released it is closed, so no helper
-process outlives ``Omni.close()`` or ``AsyncOmni.shutdown()``. ``hold()``
-keeps it warm for a process that starts engines one after another (a test
-session). Stage exits are reported by the launcher (it reaps them), so a
-``StageProcess`` answers ``is_alive``/``exitcode``/``join`` like a
-``multiprocessing.Process``.
-
-This module is cheap to import (it does not import vLLM), so an entrypoint
-can call ``start_launcher()`` first thing and overlap the launcher's imports
-with its own.
+Leases one launcher per process to every engine and answers for its stages
+like ``multiprocessing.Process`` (docs/runtime.md §2). Cheap to import (no
+vLLM), so an entrypoint can call ``start_launcher()`` first thing.
 """
 
 from __future__ import annotations

@@ -1,40 +1,9 @@
 """The Ray worker backend: each stage runs as a Ray actor.
 
-Owns everything Ray-specific, so that ``import vllm_omni`` and the default
-``multi_process`` backend never import Ray (it is imported the first time a
-``RayStageLauncher`` prepares):
-
-- joining a cluster (``ray_address``) or starting a local Ray instance bound
-  to 127.0.0.1 that lives and dies with the engine;
-- one actor per stage, placed by the stage's ``ray:`` options, whose single
-  long-running ``run`` call is the unmodified ``StageWorker`` connected to
-  the orchestrator's ROUTER over ``tcp://``. Requests, outputs and error
-  records ride that ZMQ wire exactly as with local processes, so a stage
-  normalizes once and the record crosses the boundary unchanged (see
-  ``docs/errors/stages.md`` for why the wire is not Ray calls);
-- Ray's own failure modes, mapped once (``RAY_FAILURES``): placement or actor
-  start that misses ``stage_init_timeout_s`` is a startup error naming the
-  stage and the resources it waits for; the end of a stage's ``run`` call
-  (actor killed, its node lost, its worker OOM-killed, or a ``RayTaskError``
-  out of the actor itself) is reported to the orchestrator, which marks the
-  engine dead with that stage id;
-- the engines' ``vllm:*`` metrics (``stage_metrics``): an actor keeps its
-  stage's in its own registry (it may run on another host, so no shared
-  files); at every scrape the launcher asks each actor for them
-  (``metrics``, a concurrency group of its own, bounded by
-  ``_METRICS_TIMEOUT_S``), and shows a stage that does not answer (dead, or
-  cut off) with the counters it last reported and without gauges;
-- the request-time probe (``RAY_PROBE_FAILURES``): a thread of its own pings
-  every stage actor (``ping`` runs in a concurrency group of its own, so it
-  never queues behind ``run``) and calls the GCS, each with a deadline, every
-  ``probe_interval_s``, and reports to the orchestrator a stage that stops or
-  resumes answering and a cluster that does the same. Nothing of Ray ever
-  blocks the engine's event loop.
-
-It must not classify stage errors (the worker does), mark the engine dead or
-fail requests itself (the orchestrator does); reasons it reports go to the
-server log and ``OmniEngineDeadError.reason``, never to a client, which sees
-the generic dead-engine message or the orchestrator's own 503/504 text.
+Owns everything Ray-specific: the cluster, the actors, Ray's failure modes,
+their metrics and the request-time probe (docs/runtime.md §10). It must not
+classify stage errors, mark the engine dead or fail requests, and what it
+reports never reaches a client.
 """
 
 from __future__ import annotations

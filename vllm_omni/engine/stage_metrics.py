@@ -1,44 +1,8 @@
 """The engines' own ``vllm:*`` metrics, brought from the stages to this process.
 
-A ``vllm`` stage's ``AsyncLLM`` records vLLM's metrics (its Prometheus stat
-logger: ``vllm:num_requests_running``, ``vllm:request_success_total``,
-``vllm:time_to_first_token_seconds`` ...) in the stage's process, not in the
-server's. This module puts them on this process's default registry, which
-the server's ``/metrics`` exposes: every family exactly as the stage's
-engine defines it (name, type, help, labels; nothing is redefined here),
-each sample with one more label, ``stage`` (the stage id), so two ``vllm``
-stages never collide. Only families named ``vllm:`` cross: a stage's other
-metrics stay in it, and a reference stage, which is not vLLM, exports none.
-
-How the samples travel, per backend:
-
-- a local stage process (``multi_process``) keeps every metric it creates
-  in prometheus_client's multiprocess files, in a directory of its own
-  (``keep_in``, called before the stage is built): the mechanism vLLM uses
-  when several API-server processes share one endpoint. The engine's
-  process reads them at scrape time (``StageDirectories``), so a scrape
-  costs no call to the stage and sees what the stage wrote last;
-- a Ray stage actor may run on another host: it keeps its metrics in its own
-  registry, and the engine's process asks every actor for its ``vllm:``
-  families at scrape time (``engine_families`` in the actor; the source is
-  the Ray launcher's).
-
-A stage that no longer runs keeps its counters and histograms (a dead
-process's files stay, as in prometheus_client's multiprocess mode), and its
-gauges are removed: a dead engine has no requests running, no KV cache in
-use, so no frozen last value is shown as if it were current. A stage is
-never restarted within an engine (its death is the engine's); a new engine
-(a restarted server) starts from an empty directory, so its counters start
-at zero, as after a restart of ``vllm serve``, which ``rate`` and
-``increase`` read as a counter reset.
-
-A family whose samples already carry a ``stage`` label (vLLM's
-``vllm:num_requests_kv_fetch_by_stage``, on a KV consumer) keeps that value
-as ``exported_stage``: Prometheus' own rule for a target label that collides
-with a scraped one.
-
-This module must not define or copy a metric, and must not decide anything
-about requests: it moves samples.
+Reads each stage's samples (multiprocess files, a Ray actor, an in-process
+registry) and adds the ``stage`` label (docs/runtime.md §11). It must not
+define or copy a metric, and decides nothing about requests.
 """
 
 from __future__ import annotations

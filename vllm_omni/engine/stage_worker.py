@@ -1,47 +1,8 @@
 """A stage process: one stage, one asyncio loop, one ZMQ DEALER socket.
 
-Owns the stage side of the wire (docs/design.md §6). Each ``Submit`` runs as its own
-task over the stage's async generator, so an ``Abort`` (cancel, deadline)
-preempts exactly that request and a hanging request never blocks the next
-one. What a stage raises is normalized *here*, with
-``normalize(exc, request_id=..., stage_id=...)`` in strict mode, and leaves
-as an ``ErrorMessage`` for that request only; the real text goes to this
-process's log. A fatal error (the stage raised ``EngineDeadError``) is sent
-with ``fatal=True`` and the process exits. A ``CancelledError`` that stage
-code raises on its own (nobody cancelled the task) is a failure like any
-other: the request gets a 500 record instead of silence.
-
-The DEALER has no high-water mark either way: a send never drops (the
-orchestrator's admission limit bounds what can be queued), it queues.
-
-Its heartbeat carries the stage's engine's fault-tolerance status
-(``Stage.fault_status``) and goes out at once when that changes; a
-``handle_fault`` utility call applies a recovery instruction through the
-stage (``apply_instruction``), and the status it left goes out before its
-result.
-
-A worker never outlives its orchestrator: a local stage polls its parent
-(the launcher, which exits with the orchestrator) and the orchestrator's
-pid; a remote stage exits when the orchestrator has been silent too long
-(``orphaned`` is then true).
-
-A stage that cannot be built or started sends one record without a request
-id (``OmniServiceUnavailableError`` naming the exception class and the first
-line of its message) and exits; the orchestrator reports it as a startup
-error of this stage, not as engine death.
-
-Logs: one line per record (tracebacks folded into it), written with a single
-``write`` so stages never interleave mid-line, stamped with the time, the
-stage id and the request id. The level (and whether tracebacks are shown)
-comes from the engine's process (``WorkerSpec.log_level``).
-
-This module must not decide statuses or build envelopes, and must not
-reconstruct exceptions from records: that is the orchestrator's side.
-
-Run a stage on another host with::
-
-    python -m vllm_omni.engine.stage_worker --connect tcp://HOST:PORT \\
-        --pipeline PIPELINE --stage-id N
+Runs each request as its own task and normalizes what the stage raises into
+the record it sends (docs/runtime.md §3, docs/design.md §6). It must not
+decide statuses, build envelopes or rebuild exceptions from records.
 """
 
 from __future__ import annotations

@@ -1,33 +1,8 @@
 """``AsyncOmni``: the asyncio engine client, in the style of vLLM's ``AsyncLLM``.
 
-Owns the engine lifecycle (pipeline loading, start, health, shutdown) and
-the request API the server and the offline ``Omni`` use. Requests are moved
-through the stages by the ``Orchestrator``; this class adds the client
-contract on top:
-
-- ``generate`` is an async generator, like ``AsyncLLM.generate``: validation
-  that needs no stage (modalities, prompt and params types) raises before
-  anything is sent; a consumer that goes away (``CancelledError`` /
-  ``GeneratorExit``) aborts the request in every stage and is not an error;
-- ``errored``/``is_running``/``dead_error``/``check_health`` report a dead
-  engine the way upstream does, with ``OmniEngineDeadError(stage_id=…)``;
-- admission: beyond ``max_num_queued_reqs`` requests in flight, ``generate``
-  raises upstream's ``QueueOverflowError`` (503, retryable) at once;
-- an engine dropped without ``shutdown()`` stops its stages when it is
-  garbage-collected (a finalizer posts the shutdown to the engine's loop).
-
-Usage (both forms start the stage processes; pick one)::
-
-    engine = await AsyncOmni.create(pipeline="reference")
-    # or: engine = AsyncOmni(pipeline="reference"); await engine.start()
-    async for out in engine.generate("hi", request_id="r1", modalities=["text"]):
-        print(out.text_delta, end="")
-    engine.shutdown()
-
-This module must not classify or render errors: what it raises is what the
-stages raised (rebuilt by ``to_exception``) or a semantic exception of its own,
-passed through ``for_caller`` so that it carries ``.details`` (with the request
-id) and survives ``pickle``, like a response would.
+Owns the engine's lifecycle and the request API the server and ``Omni`` use;
+the ``Orchestrator`` moves the requests (docs/runtime.md §14). It must not
+classify or render errors.
 """
 
 from __future__ import annotations

@@ -1,38 +1,8 @@
 """``Omni``: the offline (synchronous) Python API over ``AsyncOmni``.
 
-Owns a private event loop running in a daemon thread, on which one
-``AsyncOmni`` lives; every call is submitted to that loop and waited for.
-Errors arrive as exceptions (docs/design.md §4, offline Python), like responses
-arrive over HTTP: the most specific semantic exception, whether it was raised
-in this process (``VLLMValidationError`` for bad prompts or modalities,
-``OmniServiceUnavailableError`` after ``close``, ...) or in a stage (rebuilt
-from its record); every one carries ``.details`` with its request id and
-survives ``pickle``. With ``raise_on_error=False`` a failed prompt instead
-returns an output whose ``details`` is the error record.
-
-A call never leaves work behind: ``generate(timeout=…)`` raises
-``OmniStageTimeoutError`` (504) when the prompts are not done in time, and on
-that, on ``KeyboardInterrupt`` (Ctrl-C) or on any other exception while it
-waits, every request of the call is aborted in every stage before the
-exception propagates. An ``Omni`` dropped without ``close()`` is stopped by a
-finalizer (stages and loop thread gone within about two seconds).
-
-Usage, as vllm-omni callers write it (a plain top-level script, ``python -
-< script.py`` or a notebook: stage processes never re-run the caller's main
-module)::
-
-    omni = Omni(model="Qwen/Qwen2.5-0.5B-Instruct", max_model_len=512)
-    outputs = omni.generate(["Hello", "Bye"], [SamplingParams(max_tokens=16)])
-
-or with a pipeline and today's keywords::
-
-    with Omni(pipeline="reference") as omni:
-        print(omni.generate("Hello", modalities=["text"]).text)
-
-Stage logs follow the caller's ``logging`` configuration of the
-``vllm_omni`` logger; with none, only warnings (without tracebacks) appear.
-
-This module must not classify errors or render them.
+Runs one ``AsyncOmni`` on a private event loop in a daemon thread and leaves
+no call's work behind (docs/runtime.md §14, docs/errors/python.md). It must
+not classify errors or render them.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Stage implementations and the registry that builds one from its config.
 
-Owns the mapping ``kind → class`` and the ``Stage`` contract every
-implementation follows (``base.py``). Stage modules are imported lazily by
-``build_stage`` inside the stage process, so the orchestrator never pays for
-Pillow, numpy or vLLM's engine just to route requests.
+Maps ``kind`` to a class, importing the stage's module lazily in the process
+that runs it (docs/runtime.md §1).
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """The stage contract: one request in, an async stream of ``Payload`` chunks out.
 
-A stage runs inside its stage process, in that process's asyncio loop. It
-raises semantic exceptions (``VLLMValidationError`` with ``parameter``,
-``VLLMNotFoundError``, ``GuardrailViolationError``, ``EngineDeadError`` when
-it can no longer serve anything) and never builds error records or messages:
-the stage worker normalizes what it raises. A stage must stay preemptible:
-``generate`` is an async generator that the worker cancels on abort or
-deadline, so long work awaits (or yields) instead of blocking the loop.
+A stage raises semantic exceptions, never builds records or messages, and
+stays preemptible (docs/runtime.md §1).
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """The guardrail stage: rejects a prompt that contains a blocklisted term.
 
-Owns the blocklist check, done inside the stage process, and raises
-``GuardrailViolationError`` (400). Its public message never repeats the
-matched term or the prompt. It produces no content: a passing request gets a
-``verdict`` and moves on to the next stage.
+Raises ``GuardrailViolationError`` (400) without repeating the term or the
+prompt; a passing request gets a ``verdict`` (docs/runtime.md §1).
 """
 
 from __future__ import annotations

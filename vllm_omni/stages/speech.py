@@ -1,11 +1,7 @@
 """The reference speech stages: talker (text → codes) and vocoder (codes → WAV).
 
-Owns the reference voices, the validation of ``voice`` (unknown →
-``VLLMNotFoundError``, 404) and ``speed`` (``VLLMValidationError``), and the
-synthesis of 16-bit PCM mono WAV with numpy and the ``wave`` module. The
-talker reads the upstream text (or the prompt, for a speech-only request);
-the vocoder reads the talker's codes. Both are fast and never block their
-loop for long.
+Owns the reference voices and validates ``voice`` and ``speed``
+(docs/runtime.md §1).
 """
 
 from __future__ import annotations

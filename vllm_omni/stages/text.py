@@ -1,12 +1,7 @@
 """The reference text stage: a deterministic "model" that streams token by token.
 
-Owns the reference text generation and the validation of the text sampling
-parameters (``max_tokens``, ``temperature``, ``seed``, ``stop``, ``n``),
-which it reports as ``VLLMValidationError`` with ``parameter``. The reply
-is a pure function of prompt and parameters (``reference_tokens``), so
-tests can compute the expected output. It must stay fast and must not
-block its loop: it yields control between tokens so an abort or a deadline
-can preempt it.
+Validates the text sampling parameters and yields between tokens, so an
+abort or a deadline can preempt it (docs/runtime.md §1).
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """The reference video stage: a short animated GIF from prompt and seed.
 
-Owns the validation of ``seconds`` (0.1..10), ``size`` ("WxH", 64..512 each,
-multiple of 8), ``fps`` (1..30) and ``seed``; frames are a moving gradient
-encoded by Pillow in a worker thread, off the stage's event loop (ten
-seconds at 30 fps is seconds of CPU). Defaults (1 s, 8 fps, 128x128) take
-milliseconds.
+Validates ``seconds``, ``size``, ``fps`` and ``seed``, and encodes off the
+event loop (docs/runtime.md §1).
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """The server span: a pure ASGI middleware, one span per HTTP request or
 WebSocket session.
 
-Owns the span of everything the server does for one request: it continues
-the client's W3C ``traceparent`` (a new trace without one), is current while
-the route runs (the engine sends it with the request's submissions, so every
-stage's span is its child), and ends with the status sent, the record of the
-request's last rendered error (``errors.outcome``) and the abort reason of a
-client that went away (499, or mid-stream). Installed just outside the error
-boundary and only when tracing is on (``api_server``); it renders nothing.
+Installed just outside the error boundary, only when tracing is on; it
+renders nothing (docs/observability/tracing.md).
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Span attribute names, and an error record as span attributes.
 
-Owns what a span says about a failure: OpenTelemetry's semantic conventions
-(``error.type``, ``http.response.status_code`` on the server span) plus this
-project's ``vllm_omni.*`` attributes, all read from the record alone, so a
-span says exactly what the response says and nothing the public record may
-not carry (its text is already sanitized; no media, no exception).
-Whether a span's status is ``ERROR`` is decided here too: for server-owned
-failures only (a client's 4xx is not an error of the server). No
-OpenTelemetry import: plain names and values.
+Read from the record alone, so a span says what the response says; decides a
+span's ``ERROR`` status too (docs/observability/tracing.md). No OpenTelemetry
+import.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
 """OTLP export with the OpenTelemetry SDK: the provider, the exporter, the batch.
 
-Owns what ``provider.configure`` builds when tracing is on: a
-``TracerProvider`` of this process's own (never the global one, which an
-in-process vLLM engine sets for its own spans), the OTLP exporter chosen as
-vLLM chooses it (``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``: ``grpc``, the
-default, or ``http/protobuf``), and a ``BatchSpanProcessor``, so a request
-only queues its spans and a thread exports them. A collector that is down,
-slow or refusing costs requests nothing: the batch drops what it cannot
-send, and that is logged once per outage (the exporter's own per-batch
-warnings are silenced; a full queue's per-span warning shows once). The
-SDK is imported here and nowhere else.
+The only module that imports the SDK; a collector that is down costs
+requests nothing (docs/observability/tracing.md).
 """
 
 from __future__ import annotations

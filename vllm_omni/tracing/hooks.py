@@ -1,19 +1,7 @@
 """What the engine, the stages and the job workers call for each request.
 
-Owns the cheap front of tracing: each hook is one global read when tracing
-is off in this process (and then imports nothing of OpenTelemetry), and
-hands over to ``spans`` when it is on.
-
-- ``submission_headers``: the W3C headers that travel with a request's
-  submissions on the stage wire: the current span's (the server span, when
-  a route calls the engine) when this process traces; else the caller's
-  ``trace_headers`` as given, so a ``vllm`` stage's engine still joins the
-  caller's trace (0.30's ``AsyncOmni.generate`` contract).
-- ``stage_span``: a span for one stage's work on one request, continuing
-  the submission's headers (a peer that sends none: a trace of its own).
-- ``request_span``: the root span of a Python caller's request, when no
-  traced request is calling (``OFF`` otherwise): its stages' parent.
-- ``job_span``: the span of one async job run.
+Each hook is one global read when tracing is off, and hands over to
+``spans`` when it is on (docs/observability/tracing.md).
 """
 
 from __future__ import annotations
@@ -87,7 +75,9 @@ def _w3c(headers: Mapping[str, str] | None) -> dict[str, str] | None:
 def submission_headers(
     trace_headers: Mapping[str, str] | None,
 ) -> dict[str, str] | None:
-    """What travels with a request's submissions (module docstring)."""
+    """The W3C headers a request's submissions carry: the current span's when
+    this process traces, else the caller's ``trace_headers`` as given, so a
+    ``vllm`` stage's engine still joins the caller's trace."""
     if tracer() is None:
         return _w3c(trace_headers)
     from vllm_omni.tracing.spans import carrier
@@ -114,7 +104,8 @@ def stage_span(
 
 
 def request_span(request_id: str, trace_headers: Mapping[str, str] | None) -> StageSpan:
-    """The root span of a Python caller's request (module docstring)."""
+    """The root span of a Python caller's request, its stages' parent, when no
+    traced request is calling (``OFF`` otherwise)."""
     active = tracer()
     if active is None:
         return OFF

@@ -1,13 +1,7 @@
 """Whether this process traces, and where its spans go.
 
-Owns the on/off switch of one process: ``configure`` turns tracing on for
-an OTLP endpoint (``--otlp-traces-endpoint``, else the standard
-``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_ENDPOINT``;
-``OTEL_SDK_DISABLED=true`` keeps it off), ``tracer`` is the tracer (``None``
-when off: one global read), ``flush`` hands queued spans to the exporter
-before a process exits. The SDK is imported only when tracing turns on
-(``export``); off, nothing of OpenTelemetry is. It must not know about
-requests or records.
+The SDK is imported only when tracing turns on (docs/observability/tracing.md).
+It must not know about requests or records.
 """
 
 from __future__ import annotations

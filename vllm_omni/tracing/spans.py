@@ -1,11 +1,7 @@
 """The spans themselves, with the OpenTelemetry API.
 
-Owns W3C trace-context carriers (``traceparent``/``tracestate``: what
-travels with a submission on the stage wire and into ``AsyncLLM.generate``
-as ``trace_headers``), the stage span, the job-run span and the end of a
-server span: its status code, the record it failed with (``attributes``),
-its abort reason. Imported only once tracing is on (``hooks``, ``asgi``).
-It must not look at exceptions: records arrive already built.
+Imported only once tracing is on (docs/observability/tracing.md). It must not
+look at exceptions: records arrive already built.
 """
 
 from __future__ import annotations

@@ -1,22 +1,8 @@
 """Hop timestamps: where a request's time goes between the caller and the engine.
 
-Owns the per-hop marks behind the breakdown in ``docs/performance.md``
-(``benchmarks/bench_real_engine.py --breakdown``). Off unless
-``VLLM_OMNI_TRACE_HOPS=1`` is in the environment when this module is first
-imported: the engine's process, and the stage processes (forks of a
-launcher that inherits the environment). Off, ``mark`` is one global read;
-nothing is recorded and nothing crosses the wire.
-
-On, each process keeps ``(request id, point, time)`` in memory, the time
-from ``time.perf_counter_ns`` (the system's monotonic clock on Linux, so
-marks of different processes of one machine compare). ``take`` hands them
-over and forgets them; a stage hands its own over through the ``hops``
-utility (``Orchestrator.call_utility("hops")``). Points name the process
-side and the step (``orchestrator.submit``, ``stage.received``, …), with
-the stage the step is about. A step that sends is marked before the send
-(except ``stage.sent``, right after it): the receiver's mark may come first.
-
-This module must not change what any hop does: it only records when.
+Off unless ``VLLM_OMNI_TRACE_HOPS=1`` (``mark`` is then one global read); on,
+each process keeps its marks until ``take`` (docs/runtime.md §13). It must
+not change what any hop does: it only records when.
 """
 
 from __future__ import annotations

@@ -1,44 +1,8 @@
 """Stage wire messages: msgspec Structs tagged by a literal ``type`` field.
 
-Owns the shape of everything that crosses the orchestrator ↔ stage socket
-(docs/design.md §6): submissions, outputs, aborts, errors, readiness, heartbeats and
-utility calls, plus ``encode``/``decode``. Readers are tolerant: unknown
-fields are ignored (``forbid_unknown_fields`` stays off), and a message of an
-unknown ``type`` or with malformed fields decodes to ``None`` (or, for an
-``error``, to a safe server-500 record) rather than raising, so a newer peer
-cannot crash an older one.
-
-An ``ErrorMessage`` carries the complete ``OmniErrorDetails`` field set flat,
-plus, for a fatal error, ``reason`` (the sanitized log text of the death).
-Three shapes go out, chosen by what the sender knows of its peer:
-
-- **full** (the default): also the 0.30 flat field ``error``, a duplicate of
-  ``message``, so a tolerant 0.30 receiver reads it;
-- **compact** (``encode(msg, compact=True)``): a ``CompactError`` (tag
-  ``e``, one-letter keys, each text once, defaults omitted), once both peers
-  speak wire ``WIRE_VERSION``; ``decode`` turns it back into an
-  ``ErrorMessage``, so receivers handle one error type. A stage announces
-  its wire version in ``Ready``; an orchestrator that speaks it too answers
-  ``Welcome``, and only then does the stage send compact records;
-- **legacy** (``encode(msg, legacy_wire=True)``): the 0.30 fields only, for a
-  strict 0.30-era receiver that rejects fields it does not know; byte for
-  byte what 0.30's own ``ErrorMessage`` Struct encodes for the same values.
-
-Every shape 0.30 writes is read with its meaning: its ``ErrorMessage`` may
-omit ``status_code`` and ``error_type`` (a stage's own failure, a dead
-engine) and may carry ``event_id`` (the client event an interaction error
-answers), and its diffusion process sends the same fields as a plain dict
-(``{"type": "error", ...}``). A record without a status is a server 500,
-and ``fatal`` is never lost (``OmniErrorDetails.from_wire``); a 0.30 fatal
-record's text, the log text of the death, becomes ``reason`` (and the
-legacy shape sends a fatal record's ``reason`` as its ``error``, as 0.30 did).
-
-Field logic lives in ``OmniErrorDetails.to_wire`` / ``from_wire``; this module
-only maps those dicts onto Structs.
-
-Media (audio, images, video) travels as msgspec ``bytes`` in ``Payload``,
-never in errors. This module must not import vLLM or torch, and must not
-look at exceptions: errors arrive here already normalized.
+Maps every message, and ``OmniErrorDetails.to_wire``/``from_wire`` dicts, onto
+Structs read tolerantly (docs/design.md §6, docs/errors/stages.md). It must
+not import vLLM or torch, and must not look at exceptions.
 """
 
 from __future__ import annotations
@@ -321,7 +285,8 @@ _raw_decoder = msgspec.msgpack.Decoder()
 def encode(
     message: Message, *, legacy_wire: bool = False, compact: bool = False
 ) -> bytes:
-    """Serialize ``message``; an error in the shape asked for (module docstring).
+    """Serialize ``message``; an error in the shape asked for: full, compact or
+    legacy (docs/errors/stages.md, "Three shapes").
 
     ``legacy_wire`` wins over ``compact``: a stage configured for a strict
     0.30 receiver never sends anything else.
