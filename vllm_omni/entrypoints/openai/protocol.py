@@ -238,7 +238,8 @@ class CompletionRequest(JsonTypesFirst, UpstreamCompletionRequest):
 
 class SpeechRequest(BaseModel):
     """OpenAI's speech request; every field is honoured or refused
-    (``fields.py``), other fields are vendor extras (accepted, logged)."""
+    (``fields.py``); any other name is refused there, as not a field of the
+    route (``extra="allow"`` keeps it for that check)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -301,7 +302,8 @@ OutputFormat = Literal["png", "jpeg", "webp"]
 class ImageGenerationRequest(BaseModel):
     """OpenAI's image generation request; every field is honoured or refused
     (``fields.py``), values outside the API's domain are a 400 naming the
-    field, other fields are vendor extras (accepted, logged)."""
+    field; any other name is refused as not a field of the route
+    (``fields.py``)."""
 
     model_config = ConfigDict(extra="allow")
 

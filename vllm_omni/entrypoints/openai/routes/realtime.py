@@ -264,7 +264,6 @@ class _Session:
                 event["response"],
                 [stage for stage in stages if stage is not None],
                 prefix="response.",
-                known_only=True,
             )
             if request.sampling_params_list is not None:
                 _check_entries(self._engine, request.sampling_params_list)

@@ -36,7 +36,7 @@ from starlette.datastructures import UploadFile
 from starlette.requests import HTTPConnection
 from starlette.responses import Response
 
-from vllm_omni.entrypoints.openai.fields import VIDEOS, check_fields, log_ignored
+from vllm_omni.entrypoints.openai.fields import check_fields
 from vllm_omni.entrypoints.openai.jobs import Job, VideoJobs
 from vllm_omni.entrypoints.openai.openapi import check_body
 from vllm_omni.entrypoints.openai.protocol import (
@@ -53,7 +53,6 @@ from vllm_omni.entrypoints.openai.protocol import (
 from vllm_omni.entrypoints.openai.serving_common import (
     check_model,
     engine_of,
-    request_id_of,
     require_modality,
 )
 from vllm_omni.entrypoints.sampling_params_list import (
@@ -289,8 +288,7 @@ async def create_video(request: Request) -> dict[str, Any]:
     size = _size(fields)
     stage = engine.stage_for("video")
     given = {name: value for name, value in fields.items() if not _default(name, value)}
-    check_fields("videos", given, [stage] if stage else [], known_only=True)
-    log_ignored(request_id_of(request), (name for name in fields if name not in VIDEOS))
+    check_fields("videos", given, [stage] if stage else [])
     size = _width_and_height(fields) or size
     # The video stage's ranges, before a job exists.
     await check_body(request, "videos", fields, media_type)
