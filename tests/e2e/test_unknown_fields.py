@@ -33,6 +33,12 @@ from websockets.sync.client import connect
 
 from tests.e2e.omni_server import OmniServer
 from vllm_omni.entrypoints.openai import fields
+from vllm_omni.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+)
+
+pytestmark = pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")
 
 MODEL = "omni-reference"
 CHAT = "POST /v1/chat/completions"
@@ -218,6 +224,51 @@ def test_an_openai_field_upstream_lacks_is_refused_with_its_reason(
     # The OpenAI API's end-user id, like ``user``: accepted, no effect.
     reply = _chat(client, max_tokens=2, safety_identifier="user-1")
     assert reply.choices[0].message.content
+
+
+# The OpenAI API's fields that upstream's request models do not define.
+OPENAI_ONLY = {
+    route: sorted(
+        name
+        for name, rule in fields.ROUTES[route][0].items()
+        if name not in model.model_fields and not rule.honoured_by
+    )
+    for route, model in (
+        ("chat", ChatCompletionRequest),
+        ("completions", CompletionRequest),
+    )
+}
+
+
+@pytest.mark.parametrize(
+    ("route", "name"),
+    [(route, name) for route, names in OPENAI_ONLY.items() for name in names],
+)
+def test_each_openai_field_upstream_lacks_is_refused(
+    client: openai.OpenAI, route: str, name: str
+) -> None:
+    rule = fields.ROUTES[route][0][name]
+    if route == "chat":
+        call = lambda: _chat(client, extra_body={name: "x"})  # noqa: E731
+    else:
+        call = lambda: client.completions.create(  # noqa: E731
+            model=MODEL, prompt="hello", extra_body={name: "x"}
+        )
+    _refused(call, name, f"{name} cannot be honoured: {rule.how}.")
+
+
+def test_a_video_input_reference_is_refused(client: openai.OpenAI) -> None:
+    """As JSON (a reference by URL); an uploaded one is a 501
+    (tests/e2e/test_videos.py)."""
+    _refused(
+        lambda: client.videos.create(
+            model=MODEL,
+            prompt="a cat",
+            extra_body={"input_reference": "https://example.com/cat.png"},
+        ),
+        "input_reference",
+        "input_reference cannot be honoured: reference inputs are not supported.",
+    )
 
 
 # The SDK's request parameters of each route: the OpenAI API's fields.

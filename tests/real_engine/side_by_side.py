@@ -106,6 +106,7 @@ CASES: dict[str, tuple[str, str, dict[str, Any] | None]] = {
     "chat_template_in_request": _chat(chat_template="{{ messages }}"),
     "beam_search": _chat(use_beam_search=True),
     "echo": _chat(echo=True),
+    "misspelled_field": _chat(max_token=5),
     "completion": _completion(),
     "completion_stream": _completion(stream=True),
     "completion_n2_logprobs": _completion(n=2, logprobs=2),
@@ -156,6 +157,8 @@ CORRECTIONS: dict[str, tuple[tuple[Any, ...], tuple[Any, ...]]] = {
     "beam_search": ((200, None, None), (400, _BAD, "use_beam_search")),
     "echo": ((200, None, None), (400, _BAD, "echo")),
     "completion_echo": ((200, None, None), (400, _BAD, "echo")),
+    # Not a field of the route: refused by name (upstream logs and ignores it).
+    "misspelled_field": ((200, None, None), (400, _BAD, "max_token")),
 }
 
 

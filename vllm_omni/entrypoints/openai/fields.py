@@ -350,6 +350,14 @@ SPEECH: dict[str, FieldRule] = {
     **{name: _rule(_NOBODY, why) for name, why in _SPEECH_030.items()},
 }
 
+# The OpenAI API's newer image fields, which no model here defines.
+_IMAGES_OPENAI = {
+    "complexity": "complexity levels are not supported",
+    "frame_count": "the output is PNG (no GIF frames)",
+    "frame_duration_ms": "the output is PNG (no GIF frames)",
+    "svg": "the output is PNG (no SVG)",
+}
+
 _IMAGES_COMMON: dict[str, FieldRule] = {
     "model": _rule([ROUTE], "checked against the served model (404 otherwise)"),
     "prompt": _rule([ROUTE], "the image prompt"),
@@ -364,12 +372,8 @@ _IMAGES_COMMON: dict[str, FieldRule] = {
     "stream": _rule(_NOBODY, "image streaming is not supported"),
     "partial_images": _rule(_NOBODY, "image streaming is not supported"),
     "sampling_params_list": SAMPLING_PARAMS_LIST,
-    # The OpenAI API's newer image fields.
-    "complexity": _rule(_NOBODY, "complexity levels are not supported"),
-    "frame_count": _rule(_NOBODY, "the output is PNG (no GIF frames)"),
-    "frame_duration_ms": _rule(_NOBODY, "the output is PNG (no GIF frames)"),
-    "svg": _rule(_NOBODY, "the output is PNG (no SVG)"),
     "safety_identifier": _rule([ROUTE], _END_USER),
+    **{name: _rule(_NOBODY, why) for name, why in _IMAGES_OPENAI.items()},
 }
 
 # vllm-omni 0.30's image fields (diffusion settings) the reference image
@@ -430,18 +434,25 @@ _EDITS_030 = {
     "url[]": "input images by URL are not supported",
 }
 
-# The form fields a route reads as the client gave them (FastAPI types none).
-IMAGE_EDITS_030: frozenset[str] = frozenset(_EDITS_030)
+# The OpenAI API's edit field that no model here defines.
+_EDITS_OPENAI = {"markup": "markup on the input image is not supported"}
+
+# The form fields the edits route reads as the client gave them (FastAPI
+# types none): vllm-omni 0.30's, and the OpenAI API's that the route's
+# signature does not list.
+IMAGE_EDITS_030: frozenset[str] = frozenset(
+    {**_EDITS_030, **_IMAGES_OPENAI, **_EDITS_OPENAI}
+)
 
 IMAGE_EDITS: dict[str, FieldRule] = {
     **_IMAGES_COMMON,
     "image": _rule({"image"}, "the image to edit (PNG, JPEG, GIF, WebP)"),
     "mask": _rule(_NOBODY, "masks are not supported"),
     "input_fidelity": _rule(_NOBODY, "input fidelity is not supported"),
-    "markup": _rule(_NOBODY, "markup on the input image is not supported"),
     "sampling_params_list": FORM_SAMPLING_PARAMS_LIST,
     "seed": _rule({"image"}, "seed (vLLM-Omni extension)"),
     **{name: _rule(_NOBODY, why) for name, why in _EDITS_030.items()},
+    **{name: _rule(_NOBODY, why) for name, why in _EDITS_OPENAI.items()},
 }
 
 # vllm-omni 0.30's video fields the reference video stage does not honour.
