@@ -149,7 +149,7 @@ CORRECTIONS: dict[str, tuple[tuple[Any, ...], tuple[Any, ...]]] = {
     "unknown_route": ((404, None, None), (404, "NotFoundError", None)),
     "wrong_method": ((405, None, None), (405, "MethodNotAllowedError", None)),
     # Stricter: a role outside the OpenAI API.
-    "role_wizard": ((200, None, None), (400, _BAD, "messages[0].role")),
+    "role_wizard": ((200, None, None), (400, _BAD, "messages.0.role")),
     # A value of another JSON type than the field's: pydantic's lax parsing
     # takes it upstream; /openapi.json does not admit it.
     "temperature_as_string": ((200, None, None), (400, _BAD, "temperature")),

@@ -128,7 +128,7 @@ def _unreadable_field(
 # vllm-omni's per-stage sampling parameters (``extra_body``): entry *i*
 # configures stage *i*; docs/serving.md, "Per-stage sampling parameters".
 # Entries are checked against their stage, which names the place of a
-# mistake as ``sampling_params_list[1]`` (pydantic would say ``...list.1``).
+# mistake as ``sampling_params_list.1.top_k``.
 SamplingParamsList = list[Any]
 SAMPLING_PARAMS_LIST_DESCRIPTION = (
     "vllm-omni's per-stage sampling parameters: entry i configures the stage "

@@ -129,7 +129,7 @@ def _chat_prompt(messages: list[Any], stage: StageConfig | None) -> str:
         if role not in ROLES:
             raise VLLMValidationError(
                 f"role must be one of {', '.join(ROLES)}",
-                parameter=f"messages[{i}].role",
+                parameter=f"messages.{i}.role",
             )
         content = message.get("content")
         if isinstance(content, str):
@@ -144,7 +144,7 @@ def _chat_prompt(messages: list[Any], stage: StageConfig | None) -> str:
                 )
                 raise VLLMValidationError(
                     f"non-text content is not supported {where}",
-                    parameter=f"messages[{i}].content[{j}]",
+                    parameter=f"messages.{i}.content.{j}",
                 )
     prompt = "\n".join(p for p in parts if p)
     if not prompt.strip():

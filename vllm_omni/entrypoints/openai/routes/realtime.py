@@ -181,7 +181,7 @@ def _response_create(event: dict[str, Any], event_id: str | None) -> _ResponseCr
 
 def _check_entries(engine: AsyncOmni, entries: Any) -> None:
     """The per-stage list checked before the response starts, its mistakes
-    named within the event (``response.sampling_params_list[1].voice``)."""
+    named within the event (``response.sampling_params_list.1.voice``)."""
     try:
         per_stage_params(engine.config.stages, entries)
     except VLLMValidationError as exc:
