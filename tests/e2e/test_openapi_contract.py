@@ -214,7 +214,7 @@ WRONG_TYPES: dict[str, tuple[str, dict[str, Any], str]] = {
             "tools": [5],
             "tool_choice": {"type": "function", "function": {"name": "f"}},
         },
-        "tools[0]",
+        "tools.0",
     ),
 }
 

@@ -143,17 +143,17 @@ def test_completions_honour_the_entry(client: openai.OpenAI) -> None:
 # entries → the exact ``param`` of the 400.
 REFUSED: dict[str, tuple[Any, str]] = {
     # The request: entry 0 is the guardrail, which does not sample.
-    "guardrail entry": ([{"max_tokens": 2}, {"max_tokens": 2}], "[0].max_tokens"),
+    "guardrail entry": ([{"max_tokens": 2}, {"max_tokens": 2}], ".0.max_tokens"),
     "example thinker keys": (
         [None, _thinker(top_p=1.0, top_k=-1, repetition_penalty=1.1)],
-        "[1].top_p",
+        ".1.top_p",
     ),
-    "outside the stage's domain": ([None, {"max_tokens": 0}], "[1].max_tokens"),
-    "wrong type": ([None, {"temperature": "hot"}], "[1].temperature"),
-    "talker speed": ([None, None, {"speed": 9.0}], "[2].speed"),
-    "vocoder takes nothing": ([None, None, None, {"seed": 1}], "[3].seed"),
-    "image size": ([None] * 4 + [{"size": "7x7"}], "[4].size"),
-    "entry not a mapping": ([None, "greedy"], "[1]"),
+    "outside the stage's domain": ([None, {"max_tokens": 0}], ".1.max_tokens"),
+    "wrong type": ([None, {"temperature": "hot"}], ".1.temperature"),
+    "talker speed": ([None, None, {"speed": 9.0}], ".2.speed"),
+    "vocoder takes nothing": ([None, None, None, {"seed": 1}], ".3.seed"),
+    "image size": ([None] * 4 + [{"size": "7x7"}], ".4.size"),
+    "entry not a mapping": ([None, "greedy"], ".1"),
     "longer than the pipeline": ([None] * 7, ""),
     "not a list": ({"max_tokens": 2}, ""),
 }

@@ -29,6 +29,7 @@ routes, a mapping of every field the client gave) to ``check_fields``.
 from __future__ import annotations
 
 import difflib
+import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -612,8 +613,10 @@ def _unknown(route: str, prefix: str, name: str) -> VLLMValidationError:
     table, operation = ROUTES[route]
     close = difflib.get_close_matches(name, table, n=1)
     hint = f"; did you mean {prefix}{close[0]}?" if close else "."
+    # A name that is no identifier (empty, spaces) is shown as JSON.
+    shown = name if name.isidentifier() else json.dumps(name, ensure_ascii=False)
     return VLLMValidationError(
-        f"{prefix}{name} is not a field of "
+        f"{prefix}{shown} is not a field of "
         f"{_OF.get(route, f'this route ({operation})')}{hint}",
         parameter=f"{prefix}{name}",
     )

@@ -734,6 +734,7 @@ def _narrow_image_edits(doc: Schema, pipeline: _Pipeline) -> None:
         },
     }
     _narrow_fields(schema, "image_edits", pipeline.stages["image"], domains, form=True)
+    schema["additionalProperties"] = False  # any other name is refused (fields.py)
     # FastAPI reads an empty form field as absent: the field's default.
     required = set(schema.get("required", ()))
     properties = schema["properties"]

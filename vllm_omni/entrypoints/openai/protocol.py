@@ -171,8 +171,16 @@ class AudioOptions(BaseModel):
     format: Literal["wav"] = "wav"
 
 
+# A name that is not a field of the route is refused (``fields.py``), so the
+# request schemas say so, though the models keep such names (``extra="allow"``)
+# for that check to name them.
+_NO_OTHER_FIELDS = ConfigDict(json_schema_extra={"additionalProperties": False})
+
+
 class ChatCompletionRequest(JsonTypesFirst, UpstreamChatCompletionRequest):
     """Upstream's chat request, plus the fields vLLM-Omni adds."""
+
+    model_config = _NO_OTHER_FIELDS
 
     # Upstream caches its field names per class (extras logging): ours.
     field_names: ClassVar[set[str] | None] = None
@@ -225,6 +233,8 @@ class ChatCompletionRequest(JsonTypesFirst, UpstreamChatCompletionRequest):
 class CompletionRequest(JsonTypesFirst, UpstreamCompletionRequest):
     """Upstream's completion request, plus the fields vLLM-Omni adds."""
 
+    model_config = _NO_OTHER_FIELDS
+
     # Upstream caches its field names per class (extras logging): ours.
     field_names: ClassVar[set[str] | None] = None
 
@@ -241,7 +251,7 @@ class SpeechRequest(BaseModel):
     (``fields.py``); any other name is refused there, as not a field of the
     route (``extra="allow"`` keeps it for that check)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", **_NO_OTHER_FIELDS)
 
     model: str | None = None
     input: str = Field(min_length=1, max_length=4096)
@@ -305,7 +315,7 @@ class ImageGenerationRequest(BaseModel):
     field; any other name is refused as not a field of the route
     (``fields.py``)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", **_NO_OTHER_FIELDS)
 
     prompt: str
     model: str | None = None
@@ -434,6 +444,7 @@ VIDEO_CREATE_BODY = {
             "schema": {
                 "type": "object",
                 "required": ["prompt"],
+                "additionalProperties": False,
                 "properties": dict(
                     _JSON_FIELDS if media_type == "application/json" else _FORM_FIELDS
                 ),
