@@ -130,6 +130,7 @@ CHAT_HONOURED: dict[str, tuple[dict[str, Any], Check]] = {
     ),
     # An end-user id for the operator: accepted; by definition no effect.
     "user": ({"user": "user-42"}, _greedy),
+    "safety_identifier": ({"safety_identifier": "user-42"}, _greedy),
     "modalities": (
         {"modalities": ["text", "audio"]},
         lambda r: (
@@ -450,7 +451,8 @@ def test_batched_and_token_prompts_are_refused(http: httpx.Client) -> None:
 
 
 def test_speech_fields(http: httpx.Client) -> None:
-    assert set(SpeechRequest.model_fields) == set(fields.SPEECH)
+    # ``speaker`` is the voice's alias.
+    assert set(SpeechRequest.model_fields) | {"speaker"} == set(fields.SPEECH)
     base = {"input": "hello world"}
     alloy = http.post(SPEECH, json=base)
     assert alloy.status_code == 200

@@ -343,6 +343,7 @@ SPEECH: dict[str, FieldRule] = {
     "voice": _rule(
         {"talker"}, "one of GET /v1/audio/voices (404 otherwise); alias speaker"
     ),
+    "speaker": _rule({"talker"}, "vllm-omni's name for voice"),
     "response_format": _rule([ROUTE], "wav only"),
     "speed": _rule({"talker"}, "0.25 to 4"),
     "instructions": _rule(_NOBODY, "voice instructions are not supported"),

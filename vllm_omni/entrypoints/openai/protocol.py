@@ -185,6 +185,9 @@ class ChatCompletionRequest(JsonTypesFirst, UpstreamChatCompletionRequest):
     # Upstream caches its field names per class (extras logging): ours.
     field_names: ClassVar[set[str] | None] = None
 
+    # The OpenAI API's end-user id, which upstream's model lacks (``user``'s
+    # successor there): accepted, as ``user`` is.
+    safety_identifier: str | None = None
     modalities: list[Literal["text", "audio"]] | None = None
     audio: AudioOptions | None = None
     # A LoRA adapter by name (``extra_body={"lora": ...}``); the stage decides.
@@ -246,12 +249,23 @@ class CompletionRequest(JsonTypesFirst, UpstreamCompletionRequest):
 # -- speech ------------------------------------------------------------------------
 
 
+def _speech_schema(schema: dict[str, Any]) -> None:
+    """No other field; ``speaker``, the voice's alias, is one of the body's
+    (pydantic's schema names an alias field by its first alias only)."""
+    schema["additionalProperties"] = False
+    schema["properties"]["speaker"] = {
+        "type": "string",
+        "title": "Speaker",
+        "description": "vllm-omni's name for voice (one of them may be given).",
+    }
+
+
 class SpeechRequest(BaseModel):
     """OpenAI's speech request; every field is honoured or refused
     (``fields.py``); any other name is refused there, as not a field of the
     route (``extra="allow"`` keeps it for that check)."""
 
-    model_config = ConfigDict(extra="allow", **_NO_OTHER_FIELDS)
+    model_config = ConfigDict(extra="allow", json_schema_extra=_speech_schema)
 
     model: str | None = None
     input: str = Field(min_length=1, max_length=4096)
@@ -324,6 +338,7 @@ class ImageGenerationRequest(BaseModel):
     seed: Int64 | None = None
     response_format: Literal["b64_json"] = "b64_json"
     user: str | None = None
+    safety_identifier: str | None = None
     quality: Quality = "auto"
     style: Literal["vivid", "natural"] | None = None
     background: Background = "auto"

@@ -112,6 +112,7 @@ async def edit_images(
     size: str = Form("256x256"),
     response_format: Literal["b64_json"] = Form("b64_json"),
     user: str | None = Form(None),
+    safety_identifier: str | None = Form(None),
     quality: Annotated[Quality, Form()] = "auto",
     background: Annotated[Background, Form()] = "auto",
     output_format: Annotated[OutputFormat, Form()] = "png",
