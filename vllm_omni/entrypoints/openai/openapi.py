@@ -741,6 +741,10 @@ def _narrow_image_edits(doc: Schema, pipeline: _Pipeline) -> None:
     rules = ROUTES["image_edits"][0]
     for name, narrowed in properties.items():
         if name not in required:
+            # A form field is text, never null: absent is its default.
+            if isinstance(narrowed, dict) and "anyOf" in narrowed:
+                kept = [s for s in narrowed["anyOf"] if s != {"type": "null"}]
+                narrowed = {**narrowed, "anyOf": kept} if kept else narrowed
             empty: Schema = {"const": ""}
             if narrowed is False and name in rules:
                 # Refused, and without a default: only the empty field.
