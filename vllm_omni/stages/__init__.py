@@ -1,9 +1,11 @@
 """Stage implementations and the registry that builds one from its config.
 
-Owns the mapping ``kind → class`` and the ``Stage`` contract every
-implementation follows (``base.py``). Stage modules are imported lazily by
-``build_stage`` inside the stage process, so the orchestrator never pays for
-Pillow, numpy or vLLM's engine just to route requests.
+Owns the mapping ``kind → class``, the ``Stage`` contract every
+implementation follows (``base.py``) and what each kind publishes of itself
+(the ``params`` keys it reads; the values it accepts, ``ranges.py``). Stage
+modules are imported lazily (``build_stage`` inside the stage process), so
+the orchestrator never pays for Pillow, numpy or vLLM's engine just to
+route requests.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from vllm_omni.config import PipelineConfig, StageConfig
     from vllm_omni.stages.base import Stage
+    from vllm_omni.stages.ranges import ParamRange
 
 __all__ = [
     "INLINE_KINDS",
@@ -25,6 +28,7 @@ __all__ = [
     "check_stage_params",
     "entry_params",
     "stage_params",
+    "stage_ranges",
 ]
 
 STAGE_KINDS: dict[str, str] = {
@@ -100,6 +104,13 @@ def check_stage_params(kind: str, params: Mapping[str, Any]) -> None:
     """Raise what a stage of ``kind`` would raise for ``params`` alone
     (``Stage.check_params``), importing its module only then."""
     _stage_class(kind).check_params(params)
+
+
+def stage_ranges(kind: str) -> Mapping[str, ParamRange] | None:
+    """The values a stage of ``kind`` accepts per ``params`` key it checks
+    (``Stage.RANGES``), importing its module only then; ``None`` where
+    upstream checks them."""
+    return _stage_class(kind).RANGES
 
 
 def build_stage(config: StageConfig, pipeline: PipelineConfig) -> Stage:

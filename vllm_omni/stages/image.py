@@ -31,6 +31,7 @@ from PIL import Image, UnidentifiedImageError
 
 from vllm_omni.errors import VLLMUnprocessableEntityError, VLLMValidationError
 from vllm_omni.stages.base import Stage, bounded_int, parse_size
+from vllm_omni.stages.ranges import Integers, ParamRange, Sizes
 from vllm_omni.wire.messages import Payload, Submit
 
 __all__ = [
@@ -166,6 +167,11 @@ class ImageStage(Stage):
     """Text-to-image and image edits (when ``params["image"]`` is given)."""
 
     kind: ClassVar[str] = "image"
+    RANGES: ClassVar[Mapping[str, ParamRange]] = {
+        "n": Integers(1, MAX_IMAGES),
+        "size": Sizes(*SIZE_RANGE),
+        "seed": Integers(*SEED_RANGE),
+    }
 
     @classmethod
     def check_params(cls, params: Mapping[str, Any]) -> None:

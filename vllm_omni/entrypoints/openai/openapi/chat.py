@@ -9,15 +9,15 @@ from vllm_omni.entrypoints.openai.openapi.narrowing import (
     Pipeline,
     entries_domain,
     narrow_fields,
+    published,
     request_body,
 )
 from vllm_omni.entrypoints.openai.openapi.schema import (
     NULL,
+    accepted,
     if_set,
-    integers,
     like,
     nonblank_text,
-    numbers,
     requires,
 )
 from vllm_omni.entrypoints.openai.protocol import (
@@ -27,8 +27,8 @@ from vllm_omni.entrypoints.openai.protocol import (
     CompletionRequest,
 )
 from vllm_omni.entrypoints.openai.schema_errors import NOT_BLANK, Schema
-from vllm_omni.stages import text as text_stage
-from vllm_omni.stages.speech import VOICES
+from vllm_omni.stages import stage_ranges
+from vllm_omni.stages.ranges import Choices, Strings
 
 __all__ = ["narrow_chat", "narrow_completions"]
 
@@ -36,7 +36,7 @@ __all__ = ["narrow_chat", "narrow_completions"]
 # -- chat and completions -------------------------------------------------------------
 
 
-def _stop(original: Schema) -> Schema:
+def _stop(original: Schema, max_items: int) -> Schema:
     # An empty string or list is no stop at all (the route drops it).
     return like(
         original,
@@ -46,7 +46,7 @@ def _stop(original: Schema) -> Schema:
                 {
                     "type": "array",
                     "items": {"type": "string", "minLength": 1},
-                    "maxItems": text_stage.MAX_STOP,
+                    "maxItems": max_items,
                 },
             ]
         },
@@ -54,21 +54,18 @@ def _stop(original: Schema) -> Schema:
 
 
 def _text_domains(pipeline: Pipeline, kind: str | None) -> Domains:
-    """The sampling fields the reference text stage checks (a ``vllm`` stage:
-    upstream's schema)."""
+    """The sampling fields the reference text stage checks, in the ranges it
+    publishes (a ``vllm`` stage: upstream's schema)."""
     if kind != "text":
         return {}
-    tokens = integers(1, text_stage.MAX_TOKENS_LIMIT)
-    return pipeline.of_stage(
-        {
-            "max_tokens": lambda s: like(s, tokens),
-            "max_completion_tokens": lambda s: like(s, tokens),
-            "temperature": lambda s: like(s, numbers(*text_stage.TEMPERATURE_RANGE)),
-            "seed": lambda s: like(s, integers(*text_stage.SEED_RANGE)),
-            "stop": _stop,
-            "n": lambda s: like(s, integers(1, text_stage.MAX_CHOICES)),
-        }
-    )
+    domains: Domains = {}
+    for name, value in (stage_ranges(kind) or {}).items():
+        if isinstance(value, Strings):
+            domains[name] = lambda s, value=value: _stop(s, value.max_items)
+        else:
+            schema = accepted(value)
+            domains[name] = lambda s, schema=schema: like(s, schema)
+    return pipeline.of_stage(domains)
 
 
 def _stream_options(original: Schema) -> Schema:
@@ -170,7 +167,10 @@ def narrow_chat(doc: Schema, pipeline: Pipeline) -> None:
     audio_options = {
         "type": "object",
         "properties": {
-            "voice": {"type": "string", "enum": sorted(VOICES)}
+            "voice": {
+                "type": "string",
+                "enum": list(published("talker", "voice", Choices).values),
+            }
             if talker
             else {"type": "string"},
             "format": {"const": "wav"},

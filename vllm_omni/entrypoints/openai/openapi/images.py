@@ -10,17 +10,18 @@ from vllm_omni.entrypoints.openai.openapi.narrowing import (
     entries_domain,
     narrow_fields,
     operation,
+    published,
     request_body,
 )
 from vllm_omni.entrypoints.openai.openapi.schema import (
-    integers,
+    accepted,
     like,
     nonblank_text,
     sizes,
 )
 from vllm_omni.entrypoints.openai.protocol import ImageGenerationRequest
 from vllm_omni.entrypoints.openai.schema_errors import Schema
-from vllm_omni.stages import image as image_stage
+from vllm_omni.stages.ranges import Integers, Sizes
 
 __all__ = ["IMAGE_TYPES", "narrow_image_edits", "narrow_image_generations"]
 
@@ -37,12 +38,14 @@ def _image_domains(pipeline: Pipeline, *, form: bool) -> Domains:
         ),
         **pipeline.of_stage(
             {
-                "n": lambda s: integers(1, image_stage.MAX_IMAGES),
+                "n": lambda s: accepted(published("image", "n", Integers)),
                 "size": lambda s: {
-                    **sizes(*image_stage.SIZE_RANGE),
+                    **sizes(published("image", "size", Sizes)),
                     "default": s["default"],
                 },
-                "seed": lambda s: like(s, integers(*image_stage.SEED_RANGE)),
+                "seed": lambda s: like(
+                    s, accepted(published("image", "seed", Integers))
+                ),
             }
         ),
         # A form's list is JSON text, checked against the stages by the route.

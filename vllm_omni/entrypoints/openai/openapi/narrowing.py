@@ -9,23 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from vllm_omni.entrypoints.openai.fields import ROUTE, ROUTES
 from vllm_omni.entrypoints.openai.limits import RequestLimits
 from vllm_omni.entrypoints.openai.openapi.schema import (
     NULL,
-    integers,
+    accepted,
     like,
-    numbers,
     only_default,
-    sizes,
 )
 from vllm_omni.entrypoints.openai.schema_errors import Schema
-from vllm_omni.stages import image as image_stage
-from vllm_omni.stages import text as text_stage
-from vllm_omni.stages import video as video_stage
-from vllm_omni.stages.speech import SPEED_RANGE, VOICES
+from vllm_omni.stages import stage_ranges
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -40,11 +35,13 @@ __all__ = [
     "entries_domain",
     "narrow_fields",
     "operation",
+    "published",
     "request_body",
     "route_path",
 ]
 
 JSON = "application/json"
+R = TypeVar("R")
 
 
 # -- the pipeline ------------------------------------------------------------------
@@ -139,48 +136,23 @@ def request_body(doc: Schema, route: str, media_type: str = JSON) -> Schema:
     return component(doc, content[media_type]["schema"])
 
 
+def published(kind: str, name: str, of: type[R]) -> R:
+    """What a stage of ``kind`` accepts for ``name``, as it publishes it
+    through the stage registry (``vllm_omni.stages.stage_ranges``)."""
+    value = (stage_ranges(kind) or {}).get(name)
+    if not isinstance(value, of):
+        raise RuntimeError(f"a {kind} stage publishes no {of.__name__} for {name!r}")
+    return value
+
+
 def _entry_keys(kind: str) -> dict[str, Schema] | None:
-    """The keys (with their domains) a reference stage's entry of
+    """The keys (with their domains) a stage's entry of
     ``sampling_params_list`` may set; ``None`` for a ``vllm`` stage, whose
     keys upstream's ``SamplingParams`` checks."""
-    tokens = integers(1, text_stage.MAX_TOKENS_LIMIT)
-    seed = integers(*image_stage.SEED_RANGE)
-    non_empty = {"type": "string", "minLength": 1}
-    keys: dict[str, dict[str, Schema]] = {
-        "text": {
-            "max_tokens": tokens,
-            "max_completion_tokens": tokens,
-            "temperature": numbers(*text_stage.TEMPERATURE_RANGE),
-            "seed": integers(*text_stage.SEED_RANGE),
-            "stop": {
-                "anyOf": [
-                    non_empty,
-                    {
-                        "type": "array",
-                        "items": non_empty,
-                        "maxItems": text_stage.MAX_STOP,
-                    },
-                ]
-            },
-            "n": integers(1, text_stage.MAX_CHOICES),
-        },
-        "talker": {
-            "voice": {"enum": sorted(VOICES)},
-            "speed": numbers(*SPEED_RANGE),
-        },
-        "image": {
-            "n": integers(1, image_stage.MAX_IMAGES),
-            "size": sizes(*image_stage.SIZE_RANGE),
-            "seed": seed,
-        },
-        "video": {
-            "seconds": numbers(*video_stage.SECONDS_RANGE),
-            "size": sizes(*video_stage.SIZE_RANGE),
-            "fps": integers(1, 30),
-            "seed": seed,
-        },
-    }
-    return None if kind == "vllm" else keys.get(kind, {})
+    ranges = stage_ranges(kind)
+    if ranges is None:
+        return None
+    return {name: accepted(value) for name, value in ranges.items()}
 
 
 def entries_domain(pipeline: Pipeline) -> Domains:

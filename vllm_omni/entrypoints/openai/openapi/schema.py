@@ -10,13 +10,21 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from vllm_omni.entrypoints.openai.schema_errors import BLANKS, NOT_BLANK, Schema
-from vllm_omni.stages.base import SIZE_STEP
+from vllm_omni.stages.ranges import (
+    SIZE_STEP,
+    Choices,
+    Integers,
+    Numbers,
+    ParamRange,
+    Sizes,
+)
 
 if TYPE_CHECKING:
     from pydantic.fields import FieldInfo
 
 __all__ = [
     "NULL",
+    "accepted",
     "admits_null",
     "decimal_pattern",
     "if_set",
@@ -95,13 +103,20 @@ def decimal_pattern(
     return f"^{BLANKS}(?:{'|'.join(alternatives)}){BLANKS}$"
 
 
-def size_pattern(low: int, high: int, *, digits: int = 5, times: str = "xX") -> str:
+def size_pattern(
+    low: int,
+    high: int,
+    *,
+    step: int = SIZE_STEP,
+    digits: int = 5,
+    times: str = "xX",
+) -> str:
     """A regex of the sizes ``parse_size`` accepts: ``WxH`` (the ``x`` one of
     ``times``), each side from ``low`` to ``high`` and a multiple of
-    ``SIZE_STEP``, written with at most ``digits`` digits (leading zeros
+    ``step``, written with at most ``digits`` digits (leading zeros
     allowed)."""
     by_width: dict[int, list[str]] = {}
-    for side in range(-(-low // SIZE_STEP) * SIZE_STEP, high + 1, SIZE_STEP):
+    for side in range(-(-low // step) * step, high + 1, step):
         by_width.setdefault(len(str(side)), []).append(str(side))
     side = "|".join(
         f"0{{0,{digits - width}}}(?:{'|'.join(sides)})"
@@ -132,12 +147,32 @@ def nonblank_text(max_length: int, what: str) -> Schema:
     }
 
 
-def sizes(low: int, high: int, times: str = "xX") -> Schema:
+def sizes(size: Sizes, times: str = "xX") -> Schema:
     return {
         "type": "string",
-        "pattern": size_pattern(low, high, times=times),
-        "description": f"WxH, each side from {low} to {high} and a multiple of "
-        f"{SIZE_STEP}",
+        "pattern": size_pattern(size.low, size.high, step=size.step, times=times),
+        "description": f"WxH, each side from {size.low} to {size.high} and a "
+        f"multiple of {size.step}",
+    }
+
+
+def accepted(value: ParamRange) -> Schema:
+    """The schema of what a stage accepts for a parameter (its published
+    range): a stage's own entry of ``sampling_params_list``."""
+    if isinstance(value, Integers):
+        return integers(value.low, value.high)
+    if isinstance(value, Numbers):
+        return numbers(value.low, value.high)
+    if isinstance(value, Choices):
+        return {"enum": list(value.values)}
+    if isinstance(value, Sizes):
+        return sizes(value)
+    non_empty = {"type": "string", "minLength": 1}
+    return {
+        "anyOf": [
+            non_empty,
+            {"type": "array", "items": non_empty, "maxItems": value.max_items},
+        ]
     }
 
 

@@ -7,12 +7,16 @@ from vllm_omni.entrypoints.openai.openapi.narrowing import (
     Pipeline,
     entries_domain,
     narrow_fields,
+    published,
     request_body,
 )
-from vllm_omni.entrypoints.openai.openapi.schema import like, numbers
+from vllm_omni.entrypoints.openai.openapi.schema import (
+    accepted,
+    like,
+)
 from vllm_omni.entrypoints.openai.protocol import SpeechRequest
 from vllm_omni.entrypoints.openai.schema_errors import NOT_BLANK, Schema
-from vllm_omni.stages.speech import SPEED_RANGE, VOICES
+from vllm_omni.stages.ranges import Choices, Numbers
 
 __all__ = ["narrow_speech"]
 
@@ -24,8 +28,13 @@ def narrow_speech(doc: Schema, pipeline: Pipeline) -> None:
         "input": lambda s: {**s, **NOT_BLANK},
         **pipeline.of_stage(
             {
-                "voice": lambda s: {**s, "enum": sorted(VOICES)},
-                "speed": lambda s: like(s, numbers(*SPEED_RANGE)),
+                "voice": lambda s: {
+                    **s,
+                    "enum": list(published("talker", "voice", Choices).values),
+                },
+                "speed": lambda s: like(
+                    s, accepted(published("talker", "speed", Numbers))
+                ),
             }
         ),
         **entries_domain(pipeline),

@@ -9,6 +9,7 @@ from vllm_omni.entrypoints.openai.openapi.narrowing import (
     Pipeline,
     entries_domain,
     narrow_fields,
+    published,
     request_body,
 )
 from vllm_omni.entrypoints.openai.openapi.schema import (
@@ -24,9 +25,7 @@ from vllm_omni.entrypoints.openai.openapi.schema import (
 )
 from vllm_omni.entrypoints.openai.protocol import FORM_TYPES, VIDEO_MAX_PROMPT_CHARS
 from vllm_omni.entrypoints.openai.schema_errors import BLANKS, Schema
-from vllm_omni.stages import image as image_stage
-from vllm_omni.stages import video as video_stage
-from vllm_omni.stages.base import SIZE_STEP
+from vllm_omni.stages.ranges import Integers, Numbers, Sizes
 
 __all__ = ["narrow_videos"]
 
@@ -34,26 +33,28 @@ __all__ = ["narrow_videos"]
 def _video_030_domains(pipeline: Pipeline, form: bool) -> Domains:
     """vllm-omni's ``width``, ``height``, ``fps`` and ``seed``: integers in
     the video stage's ranges (a form's as digits)."""
-    low, high = video_stage.SIZE_RANGE
+    size = published("video", "size", Sizes)
+    fps = published("video", "fps", Integers)
+    seed = published("video", "seed", Integers)
     ranges = {
-        "width": (low, high, 4),
-        "height": (low, high, 4),
-        "fps": (*video_stage.FPS_RANGE, 2),
-        "seed": (*image_stage.SEED_RANGE, 10),
+        "width": (size.low, size.high, 4),
+        "height": (size.low, size.high, 4),
+        "fps": (fps.low, fps.high, 2),
+        "seed": (seed.low, seed.high, 10),
     }
     domains: Domains = {}
     for name, (first, last, digits) in ranges.items():
-        step = {"multipleOf": SIZE_STEP} if name in ("width", "height") else {}
+        step = {"multipleOf": size.step} if name in ("width", "height") else {}
         if form:
             pattern = decimal_pattern(first, last, int_digits=digits, frac_digits=0)
             what = f"an integer from {first} to {last}"
             if step:
                 # The multiples, spelled out (a regex cannot count).
                 sides = "|".join(
-                    str(side) for side in range(first, last + 1, SIZE_STEP)
+                    str(side) for side in range(first, last + 1, size.step)
                 )
                 pattern = f"^{BLANKS}0{{0,{digits - 1}}}(?:{sides}){BLANKS}$"
-                what += f", a multiple of {SIZE_STEP}"
+                what += f", a multiple of {size.step}"
             text = {"type": "string", "pattern": pattern, "description": what}
             domains[name] = lambda s, text=text: text
         else:
@@ -63,14 +64,15 @@ def _video_030_domains(pipeline: Pipeline, form: bool) -> Domains:
 
 
 def narrow_videos(doc: Schema, pipeline: Pipeline) -> None:
-    low, high = video_stage.SECONDS_RANGE
+    seconds = published("video", "seconds", Numbers)
+    low, high = seconds.low, seconds.high
     seconds_text = {
         "type": "string",
         "pattern": decimal_pattern(low, high, int_digits=4, frac_digits=3),
         "description": f"a number of seconds from {low:g} to {high:g}, e.g. '4'",
     }
     # The route reads a lower-case "x" only (the stage also an "X").
-    size = sizes(*video_stage.SIZE_RANGE, times="x")
+    size = sizes(published("video", "size", Sizes), times="x")
     for media_type in (JSON, *FORM_TYPES):
         form = media_type != JSON
         domains: Domains = {
