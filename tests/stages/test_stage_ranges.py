@@ -12,7 +12,12 @@ from typing import Any
 import pytest
 
 from vllm_omni.errors import VLLMError
-from vllm_omni.stages import STAGE_KINDS, check_stage_params, stage_ranges
+from vllm_omni.stages import (
+    STAGE_KINDS,
+    check_stage_params,
+    stage_range,
+    stage_ranges,
+)
 from vllm_omni.stages.ranges import (
     Choices,
     Integers,
@@ -79,3 +84,12 @@ def test_a_published_range_is_the_stages_check(
     for refused in outside:
         with pytest.raises(VLLMError):
             check_stage_params(kind, {name: refused})
+
+
+def test_one_range_is_asked_for_by_kind_name_and_type() -> None:
+    assert stage_range("image", "size", Sizes) == Sizes(64, 1024)
+    # A reader whose idea of a stage is out of date fails at once.
+    with pytest.raises(RuntimeError, match="publishes no Choices for 'size'"):
+        stage_range("image", "size", Choices)
+    with pytest.raises(RuntimeError, match="publishes no Integers for 'n'"):
+        stage_range("vllm", "n", Integers)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from vllm_omni.config import PipelineConfig, StageConfig
@@ -28,6 +28,7 @@ __all__ = [
     "check_stage_params",
     "entry_params",
     "stage_params",
+    "stage_range",
     "stage_ranges",
 ]
 
@@ -111,6 +112,18 @@ def stage_ranges(kind: str) -> Mapping[str, ParamRange] | None:
     (``Stage.RANGES``), importing its module only then; ``None`` where
     upstream checks them."""
     return _stage_class(kind).RANGES
+
+
+R = TypeVar("R")
+
+
+def stage_range(kind: str, name: str, of: type[R]) -> R:
+    """What a stage of ``kind`` accepts for ``name``, which must be an ``of``
+    (``RuntimeError`` otherwise: the caller's reading is out of date)."""
+    value = (stage_ranges(kind) or {}).get(name)
+    if not isinstance(value, of):
+        raise RuntimeError(f"a {kind} stage publishes no {of.__name__} for {name!r}")
+    return value
 
 
 def build_stage(config: StageConfig, pipeline: PipelineConfig) -> Stage:

@@ -9,7 +9,6 @@ from vllm_omni.entrypoints.openai.openapi.narrowing import (
     Pipeline,
     entries_domain,
     narrow_fields,
-    published,
     request_body,
 )
 from vllm_omni.entrypoints.openai.openapi.schema import (
@@ -27,7 +26,7 @@ from vllm_omni.entrypoints.openai.protocol import (
     CompletionRequest,
 )
 from vllm_omni.entrypoints.openai.schema_errors import NOT_BLANK, Schema
-from vllm_omni.stages import stage_ranges
+from vllm_omni.stages import stage_range, stage_ranges
 from vllm_omni.stages.ranges import Choices, Strings
 
 __all__ = ["narrow_chat", "narrow_completions"]
@@ -169,7 +168,7 @@ def narrow_chat(doc: Schema, pipeline: Pipeline) -> None:
         "properties": {
             "voice": {
                 "type": "string",
-                "enum": list(published("talker", "voice", Choices).values),
+                "enum": list(stage_range("talker", "voice", Choices).values),
             }
             if talker
             else {"type": "string"},

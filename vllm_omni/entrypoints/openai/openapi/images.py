@@ -10,7 +10,6 @@ from vllm_omni.entrypoints.openai.openapi.narrowing import (
     entries_domain,
     narrow_fields,
     operation,
-    published,
     request_body,
 )
 from vllm_omni.entrypoints.openai.openapi.schema import (
@@ -21,6 +20,7 @@ from vllm_omni.entrypoints.openai.openapi.schema import (
 )
 from vllm_omni.entrypoints.openai.protocol import ImageGenerationRequest
 from vllm_omni.entrypoints.openai.schema_errors import Schema
+from vllm_omni.stages import stage_range
 from vllm_omni.stages.ranges import Integers, Sizes
 
 __all__ = ["IMAGE_TYPES", "narrow_image_edits", "narrow_image_generations"]
@@ -38,13 +38,13 @@ def _image_domains(pipeline: Pipeline, *, form: bool) -> Domains:
         ),
         **pipeline.of_stage(
             {
-                "n": lambda s: accepted(published("image", "n", Integers)),
+                "n": lambda s: accepted(stage_range("image", "n", Integers)),
                 "size": lambda s: {
-                    **sizes(published("image", "size", Sizes)),
+                    **sizes(stage_range("image", "size", Sizes)),
                     "default": s["default"],
                 },
                 "seed": lambda s: like(
-                    s, accepted(published("image", "seed", Integers))
+                    s, accepted(stage_range("image", "seed", Integers))
                 ),
             }
         ),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from vllm_omni.entrypoints.openai.fields import ROUTE, ROUTES
 from vllm_omni.entrypoints.openai.limits import RequestLimits
@@ -35,13 +35,11 @@ __all__ = [
     "entries_domain",
     "narrow_fields",
     "operation",
-    "published",
     "request_body",
     "route_path",
 ]
 
 JSON = "application/json"
-R = TypeVar("R")
 
 
 # -- the pipeline ------------------------------------------------------------------
@@ -134,15 +132,6 @@ def operation(doc: Schema, route: str) -> Schema:
 def request_body(doc: Schema, route: str, media_type: str = JSON) -> Schema:
     content = operation(doc, route)["requestBody"]["content"]
     return component(doc, content[media_type]["schema"])
-
-
-def published(kind: str, name: str, of: type[R]) -> R:
-    """What a stage of ``kind`` accepts for ``name``, as it publishes it
-    through the stage registry (``vllm_omni.stages.stage_ranges``)."""
-    value = (stage_ranges(kind) or {}).get(name)
-    if not isinstance(value, of):
-        raise RuntimeError(f"a {kind} stage publishes no {of.__name__} for {name!r}")
-    return value
 
 
 def _entry_keys(kind: str) -> dict[str, Schema] | None:

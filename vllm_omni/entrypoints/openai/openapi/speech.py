@@ -7,7 +7,6 @@ from vllm_omni.entrypoints.openai.openapi.narrowing import (
     Pipeline,
     entries_domain,
     narrow_fields,
-    published,
     request_body,
 )
 from vllm_omni.entrypoints.openai.openapi.schema import (
@@ -16,6 +15,7 @@ from vllm_omni.entrypoints.openai.openapi.schema import (
 )
 from vllm_omni.entrypoints.openai.protocol import SpeechRequest
 from vllm_omni.entrypoints.openai.schema_errors import NOT_BLANK, Schema
+from vllm_omni.stages import stage_range
 from vllm_omni.stages.ranges import Choices, Numbers
 
 __all__ = ["narrow_speech"]
@@ -30,10 +30,10 @@ def narrow_speech(doc: Schema, pipeline: Pipeline) -> None:
             {
                 "voice": lambda s: {
                     **s,
-                    "enum": list(published("talker", "voice", Choices).values),
+                    "enum": list(stage_range("talker", "voice", Choices).values),
                 },
                 "speed": lambda s: like(
-                    s, accepted(published("talker", "speed", Numbers))
+                    s, accepted(stage_range("talker", "speed", Numbers))
                 ),
             }
         ),

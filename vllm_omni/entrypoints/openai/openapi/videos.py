@@ -9,7 +9,6 @@ from vllm_omni.entrypoints.openai.openapi.narrowing import (
     Pipeline,
     entries_domain,
     narrow_fields,
-    published,
     request_body,
 )
 from vllm_omni.entrypoints.openai.openapi.schema import (
@@ -25,6 +24,7 @@ from vllm_omni.entrypoints.openai.openapi.schema import (
 )
 from vllm_omni.entrypoints.openai.protocol import FORM_TYPES, VIDEO_MAX_PROMPT_CHARS
 from vllm_omni.entrypoints.openai.schema_errors import BLANKS, Schema
+from vllm_omni.stages import stage_range
 from vllm_omni.stages.ranges import Integers, Numbers, Sizes
 
 __all__ = ["narrow_videos"]
@@ -33,9 +33,9 @@ __all__ = ["narrow_videos"]
 def _video_030_domains(pipeline: Pipeline, form: bool) -> Domains:
     """vllm-omni's ``width``, ``height``, ``fps`` and ``seed``: integers in
     the video stage's ranges (a form's as digits)."""
-    size = published("video", "size", Sizes)
-    fps = published("video", "fps", Integers)
-    seed = published("video", "seed", Integers)
+    size = stage_range("video", "size", Sizes)
+    fps = stage_range("video", "fps", Integers)
+    seed = stage_range("video", "seed", Integers)
     ranges = {
         "width": (size.low, size.high, 4),
         "height": (size.low, size.high, 4),
@@ -64,7 +64,7 @@ def _video_030_domains(pipeline: Pipeline, form: bool) -> Domains:
 
 
 def narrow_videos(doc: Schema, pipeline: Pipeline) -> None:
-    seconds = published("video", "seconds", Numbers)
+    seconds = stage_range("video", "seconds", Numbers)
     low, high = seconds.low, seconds.high
     seconds_text = {
         "type": "string",
@@ -72,7 +72,7 @@ def narrow_videos(doc: Schema, pipeline: Pipeline) -> None:
         "description": f"a number of seconds from {low:g} to {high:g}, e.g. '4'",
     }
     # The route reads a lower-case "x" only (the stage also an "X").
-    size = sizes(published("video", "size", Sizes), times="x")
+    size = sizes(stage_range("video", "size", Sizes), times="x")
     for media_type in (JSON, *FORM_TYPES):
         form = media_type != JSON
         domains: Domains = {
