@@ -80,10 +80,10 @@ def test_size_pattern_is_the_stages_grammar(value: str) -> None:
 
 
 def _route_and_stage_accept_seconds(value: str) -> bool:
-    from vllm_omni.entrypoints.openai.routes.videos import _seconds
+    from vllm_omni.entrypoints.openai.serving_videos import parse_seconds
 
     try:
-        seconds = _seconds(value)
+        seconds = parse_seconds(value)
     except VLLMValidationError:
         return False
     low, high = video.SECONDS_RANGE
