@@ -1,19 +1,10 @@
 """The reference image stage: a PNG from prompt and seed, or an edit of an input.
 
-Owns the validation of ``size`` ("WxH", 64..1024 each, multiple of 8), ``n``
-and ``seed``, and of the input ``image`` of an edit. An input image is decoded
-only under explicit limits (pixels and frames, read from its header before
-any pixel is decoded; the server also bounds its bytes): bytes that are not
-an image, are truncated or corrupt, or exceed a limit (decompression bombs)
-are ``VLLMUnprocessableEntityError(parameter="image")`` (422), whatever
-exception Pillow raised for them. The server probes an upload with
-``probe_image`` before it reaches this stage, under the operator's limits,
-which it passes along as ``max_image_pixels`` / ``max_image_frames``. Pictures are
-smooth gradients whose colours derive from prompt and seed, encoded by
-Pillow. Decoding, drawing and encoding run in a worker thread, off the stage
-process's event loop, so heartbeats and aborts are answered on time while a
-heavy request (ten 1024x1024 pictures) is being drawn. The rejected bytes
-never reach an error message.
+Checks ``size``, ``n`` and ``seed`` (``RANGES``) and decodes an input image
+only under explicit limits: whatever Pillow rejects is a 422 on ``image``
+that never echoes the bytes (docs/serving.md, "Images"). Decoding, drawing
+and encoding run in a worker thread, so heartbeats and aborts are answered
+while a heavy request is drawn.
 """
 
 from __future__ import annotations

@@ -1,60 +1,9 @@
 """The ``vllm`` stage: text generation by upstream's ``AsyncLLM`` (GPU or CPU build).
 
-Owns the bridge from a stage request to ``AsyncLLM.generate`` and the
-translation of what upstream reports into what the stage worker normalizes:
-
-- ``EngineDeadError`` propagates as is: ``normalize`` marks it fatal, the
-  worker sends ``fatal=True`` and exits, the engine is dead;
-- ``EngineGenerateError`` propagates as is: a nonfatal server error of this
-  request only (``OmniEngineGenerateError`` on the orchestrator side);
-- ``VLLMValidationError`` (and every other ``VLLMClientError``) propagates
-  as is: a client error that keeps its ``parameter``;
-- a client's LoRA adapter (``params["lora"]``, a name from
-  ``options.lora_modules``) that the stage does not know is a
-  ``VLLMNotFoundError`` (404) raised here, before the engine sees it: on the
-  real engine an adapter path that does not exist raises in the EngineCore's
-  worker and kills the engine (every later request gets ``EngineDeadError``),
-  so a client's typo must never become a path. Known adapters are loaded with
-  ``add_lora`` on ``start``, so a bad configured path fails the stage start,
-  not a request. Without ``enable_lora`` any adapter is a 400 (parameter
-  ``lora``) raised here: upstream's own 400 prints the ``LoRARequest``;
-- an OpenAI request from a route (``params["openai"]``: the API, ``chat``
-  or ``completion``, and the request's JSON) is read with upstream's own
-  request model, rendered by upstream's ``OnlineRenderer`` (the model's chat
-  template, tokenization, prompt-length checks) and turned into
-  ``SamplingParams`` by upstream's ``get_max_tokens`` and
-  ``to_sampling_params``, as ``vllm serve`` does: everything the engine
-  supports is honoured, validated by upstream with its ``parameter``; an
-  ``ErrorResponse`` the renderer returns is raised as its semantic class;
-- an offline caller's ``params`` are ``SamplingParams`` keywords (or the
-  object itself, ``sampling_params``), type-checked by msgspec and
-  validated by upstream;
-- every choice (``n``) streams with its ``index``, its ``finish_reason`` on
-  its last chunk, and its logprobs in the OpenAI shape of the request's API;
-- a ``RequestError`` on an output (``output.error``, as 0.33 exposes it on
-  pooling outputs) becomes a record through ``from_request_error`` and is
-  raised as the matching remote exception; an ``"error"`` finish reason is a
-  ``GenerationError``, as upstream's serving layer treats it;
-- the submission's W3C trace headers go to ``AsyncLLM.generate`` as
-  ``trace_headers`` (this stage's span when the stage process traces, else
-  the caller's), so the engine's own ``llm_request`` span joins the
-  request's trace when the engine has ``otlp_traces_endpoint``;
-- an ``"abort"`` finish reason is an abort the server did not ask for (the
-  server's own aborts cancel this generator and close the stream, so it never
-  reads one): the engine dropped the request, as vLLM 0.34's fault tolerance
-  does to every scheduled request when its engine faults. The answer is
-  truncated, so it is never a finish: a retryable 503 with this stage's id
-  (``OmniServiceUnavailableError``), never handed to the next stage;
-- an engine that runs vLLM's fault tolerance: its status, as its engine
-  client caches it, is the stage's ``fault_status`` (sent with the
-  heartbeat), its ``engine_recovery_timeout_sec`` the recovery window, and a
-  recovery instruction goes through its own ``handle_fault``
-  (``engine.fault_tolerance``, docs/errors/stages.md "A faulted stage").
-
-The engine is built lazily from ``options.engine_args`` (``AsyncEngineArgs``
-keyword arguments) on ``start``; tests inject a fake through
-``engine_factory``. This module must not catch exceptions to restyle them:
-classification is ``normalize``'s job.
+Bridges a stage request to ``AsyncLLM.generate`` and passes on what upstream
+raises for ``normalize`` to classify, restyling nothing; what it raises
+itself and why: docs/errors/stages.md, "What the stage passes on, and what
+it raises itself".
 """
 
 from __future__ import annotations

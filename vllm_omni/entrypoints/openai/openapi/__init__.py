@@ -1,11 +1,12 @@
 """The served ``/openapi.json``, narrowed to the running pipeline, and the
-check that holds every JSON and form request to it (docs/design.md §10).
+check that holds every JSON and form request to it.
 
 Building blocks (``schema``), narrowing (``narrowing``, one module per
 route family), the document (``document``), serving it (``serving``) and
-checking bodies against it (``checking``). It decides nothing about what is
-honoured (``fields.py`` does), builds no responses, and imports no route or
-serving module.
+checking bodies against it (``checking``); what it promises is in
+docs/serving.md, "Request fields: honoured or refused" (docs/design.md §10).
+It decides nothing about what is honoured (``fields.py`` does), builds no
+responses, and imports no route or serving module.
 """
 
 from vllm_omni.entrypoints.openai.openapi.checking import check_body
