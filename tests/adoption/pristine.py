@@ -1,0 +1,1 @@
+EXPECTED: dict[str, tuple[str, str]] = {}
