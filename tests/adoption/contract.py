@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import scenarios
 
 REQUIRED = ("message", "type", "param", "code")
-OPTIONAL = ("request_id", "stage_id", "error_stage_id")
+OPTIONAL = ("request_id", "stage_id", "error_stage_id", "retryable")
 TYPES: Mapping[int, frozenset[str]] = {
     400: frozenset({"BadRequestError", "GuardrailViolationError"}),
     404: frozenset({"NotFoundError"}),

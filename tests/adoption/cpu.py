@@ -51,3 +51,9 @@ def prepare() -> None:
     cpu = CpuPlatform()
     platforms._current_platform = cpu
     platforms.current_platform = cpu
+
+
+def pytest_configure(config: object) -> None:
+    """As a pytest plugin (``-p cpu``): prepare before any test module of
+    vllm-omni's own tests is imported."""
+    prepare()
