@@ -121,6 +121,29 @@ def _copy_errors_package(tree: Path) -> None:
     shutil.copy2(ROOT / "vllm_omni" / "upstream.py", tree / "vllm_omni" / "upstream.py")
 
 
+def _audit_fix(tree: Path, python: str) -> None:
+    """The audit's ``--fix`` on ``entrypoints/``: the rewrites that keep
+    every status (tools/errors_audit; it must be installed for ``python``)."""
+    done = subprocess.run(
+        [
+            python,
+            "-m",
+            "vllm_omni_errors_audit",
+            "vllm_omni/entrypoints",
+            "--root",
+            ".",
+            "--fix",
+            "--no-cache",
+        ],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+    )
+    # 1: findings remain (the ones that need judgement); 0: none.
+    if done.returncode not in (0, 1):
+        raise RuntimeError(f"the audit's --fix failed:\n{done.stdout}{done.stderr}")
+
+
 def _commit(tree: Path, phase: str) -> None:
     git(tree, "add", "-A")
     message = _message(phase)
@@ -139,6 +162,8 @@ def regenerate(base: Path | None, python: str = sys.executable) -> list[Path]:
         for phase in PHASES:
             if phase == "2-bridge":
                 _copy_errors_package(tree)
+            if phase == "3a-audit-fix":
+                _audit_fix(tree, python)
             _apply_hand(tree, phase)
             _commit(tree, phase)
         for old in SERIES.glob("*.patch"):
