@@ -3,6 +3,7 @@
     python tools/adoption.py pristine DIR    # vllm-omni 0.30.0's source as a git repo
     python tools/adoption.py patched DIR     # the same, the series applied (git am)
     python tools/adoption.py regenerate      # rebuild adoption/*.patch from this tree
+    python tools/adoption.py check           # fail when adoption/*.patch is stale
 
 The pristine tree is the published wheel's ``vllm_omni/`` committed at the
 root of an empty git repository (the wheel is the one source of 0.30.0 on
@@ -150,8 +151,10 @@ def _commit(tree: Path, phase: str) -> None:
     git(tree, "commit", "-q", "-F", "-", input=message)
 
 
-def regenerate(base: Path | None, python: str = sys.executable) -> list[Path]:
-    """Replay every phase on a pristine tree; write the series."""
+def regenerate(
+    base: Path | None, python: str = sys.executable, out: Path = SERIES
+) -> list[Path]:
+    """Replay every phase on a pristine tree; write the series into ``out``."""
     with tempfile.TemporaryDirectory() as scratch:
         tree = Path(scratch) / "vllm-omni"
         if base is None:
@@ -166,19 +169,32 @@ def regenerate(base: Path | None, python: str = sys.executable) -> list[Path]:
                 _audit_fix(tree, python)
             _apply_hand(tree, phase)
             _commit(tree, phase)
-        for old in SERIES.glob("*.patch"):
+        for old in out.glob("*.patch"):
             old.unlink()
-        out = git(
+        git(
             tree,
             "format-patch",
             "-q",
             "--no-signature",
             "--zero-commit",
             "-o",
-            str(SERIES),
+            str(out),
             f"{start}..HEAD",
         )
-        return [Path(line) for line in out.split()]
+        return sorted(out.glob("*.patch"))
+
+
+def check(python: str = sys.executable) -> int:
+    """0 when ``adoption/*.patch`` is what ``regenerate`` makes now."""
+    with tempfile.TemporaryDirectory() as scratch:
+        fresh = {p.name: p.read_text() for p in regenerate(None, python, Path(scratch))}
+        committed = {p.name: p.read_text() for p in SERIES.glob("*.patch")}
+    if fresh == committed:
+        print(f"adoption/: the {len(fresh)} patches are current")
+        return 0
+    stale = sorted(n for n in fresh.keys() | committed.keys() if fresh.get(n) != committed.get(n))
+    print(f"adoption/ is stale ({', '.join(stale)}): run python tools/adoption.py regenerate")
+    return 1
 
 
 PHASES = sorted(p.stem for p in (SERIES / "messages").glob("*.txt"))
@@ -190,6 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in ("pristine", "patched"):
         command = commands.add_parser(name)
         command.add_argument("target", type=Path)
+    commands.add_parser("check", help="fail when adoption/*.patch is stale")
     again = commands.add_parser("regenerate")
     again.add_argument("--base", type=Path, default=None, help="a vllm-omni git tree")
     options = parser.parse_args(argv)
@@ -197,9 +214,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(pristine(options.target))
     elif options.command == "patched":
         print(patched(options.target))
+    elif options.command == "check":
+        return check()
     else:
         for path in regenerate(options.base):
-            print(path.relative_to(ROOT))
+            print(path)
     return 0
 
 
