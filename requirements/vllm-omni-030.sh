@@ -29,7 +29,7 @@ cd "$(dirname "$0")/.."
 
 python="$(command -v python3.11 || command -v python3)"
 venv="${VLLM_OMNI_030_VENV:-.venv-vllm-omni-030}"
-stamp="$(sha256sum requirements/vllm-omni-030.sh | cut -d' ' -f1)"
+stamp="$(sha256sum requirements/vllm-omni-030.sh requirements/lock.txt | sha256sum | cut -d' ' -f1)"
 if [ -f "$venv/.vllm-omni-030-stamp" ] && [ "$(cat "$venv/.vllm-omni-030-stamp")" = "$stamp" ]; then
   echo "reusing $venv (built by this script)"
   exit 0
@@ -39,9 +39,11 @@ rm -rf "$venv"
 export PIP_NO_COMPILE=1
 "$venv/bin/pip" install -q "vllm==0.30.0"
 "$venv/bin/pip" install -q "vllm-omni==0.30.0"
-# The test client side (the openai SDK, httpx, prometheus_client and uvicorn
-# come with vLLM).
-"$venv/bin/pip" install -q pytest pytest-asyncio
+# What the errors package needs beyond vllm-omni's own requirements (the
+# series adds it: detect-secrets, the sanitizer's credential shapes, pinned
+# as requirements/lock.txt pins it), and the test client side (the openai
+# SDK, httpx, prometheus_client and uvicorn come with vLLM).
+"$venv/bin/pip" install -q "$(grep '^detect-secrets==' requirements/lock.txt)" pytest pytest-asyncio
 # torchaudio's compiled extensions need CUDA's libraries; without them it
 # imports its pure-Python paths.
 site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
