@@ -77,7 +77,13 @@ def pristine(target: Path, python: str = sys.executable) -> Path:
                     archive.extract(member, target)
     git(target, "init", "-q", "-b", "main")
     git(target, "add", "-A")
-    git(target, "commit", "-q", "-m", f"vllm-omni 0.30.0 (the published wheel's vllm_omni/)")
+    git(
+        target,
+        "commit",
+        "-q",
+        "-m",
+        "vllm-omni 0.30.0 (the published wheel's vllm_omni/)",
+    )
     return target
 
 
@@ -192,8 +198,13 @@ def check(python: str = sys.executable) -> int:
     if fresh == committed:
         print(f"adoption/: the {len(fresh)} patches are current")
         return 0
-    stale = sorted(n for n in fresh.keys() | committed.keys() if fresh.get(n) != committed.get(n))
-    print(f"adoption/ is stale ({', '.join(stale)}): run python tools/adoption.py regenerate")
+    stale = sorted(
+        n for n in fresh.keys() | committed.keys() if fresh.get(n) != committed.get(n)
+    )
+    print(
+        f"adoption/ is stale ({', '.join(stale)}): "
+        "run python tools/adoption.py regenerate"
+    )
     return 1
 
 

@@ -77,7 +77,9 @@ def pytest_collection_modifyitems(
         names = {item.name for item in ours}
         unknown = sorted(set(EXPECTED) - names)
         if unknown and not config.getoption("keyword"):
-            raise pytest.UsageError(f"pristine.py lists tests that do not exist: {unknown}")
+            raise pytest.UsageError(
+                f"pristine.py lists tests that do not exist: {unknown}"
+            )
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -152,7 +154,9 @@ class OmniServer:
         deadline = time.monotonic() + STARTUP_S
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"omni_server exited:\n{self.log.read_text()[-4000:]}")
+                raise RuntimeError(
+                    f"omni_server exited:\n{self.log.read_text()[-4000:]}"
+                )
             try:
                 if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
                     return
@@ -160,7 +164,9 @@ class OmniServer:
                 pass
             time.sleep(0.5)
         self.stop()
-        raise RuntimeError(f"omni_server not ready in {STARTUP_S} s:\n{self.log.read_text()[-4000:]}")
+        raise RuntimeError(
+            f"omni_server not ready in {STARTUP_S} s:\n{self.log.read_text()[-4000:]}"
+        )
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -183,7 +189,9 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _server(
     pipeline: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OmniServer]:
-    server = OmniServer(pipeline, tiny_model, tmp_path_factory.mktemp(pipeline) / "server.log")
+    server = OmniServer(
+        pipeline, tiny_model, tmp_path_factory.mktemp(pipeline) / "server.log"
+    )
     try:
         yield server
     finally:

@@ -14,9 +14,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
-
 import scenarios
+from prometheus_client.parser import text_string_to_metric_families
 
 REQUIRED = ("message", "type", "param", "code")
 OPTIONAL = ("request_id", "stage_id", "error_stage_id", "retryable")
@@ -43,10 +42,12 @@ def assert_canonical(error: Any, status: int) -> None:
     assert isinstance(error, dict), f"no error object: {error!r}"
     keys = set(error)
     assert set(REQUIRED) <= keys, f"missing {set(REQUIRED) - keys}: {error}"
-    assert keys <= {*REQUIRED, *OPTIONAL}, f"unknown fields {keys - {*REQUIRED, *OPTIONAL}}"
+    assert keys <= {*REQUIRED, *OPTIONAL}, (
+        f"unknown fields {keys - {*REQUIRED, *OPTIONAL}}"
+    )
     assert error["code"] == status, f"error.code {error['code']} != {status}"
     assert error["type"] in TYPES[status], (
-        f"type {error['type']!r} is not the type of a {status} ({sorted(TYPES[status])})"
+        f"type {error['type']!r} is not the type of a {status}: {sorted(TYPES[status])}"
     )
     assert isinstance(error["message"], str) and error["message"].strip(), (
         f"empty message: {error}"
@@ -77,7 +78,10 @@ def requests_total(base_url: str, handler: str) -> dict[str, float]:
         if family.name != "http_requests":
             continue
         for sample in family.samples:
-            if sample.name == "http_requests_total" and sample.labels.get("handler") == handler:
+            if (
+                sample.name == "http_requests_total"
+                and sample.labels.get("handler") == handler
+            ):
                 status = sample.labels["status"]
                 counts[status] = counts.get(status, 0.0) + sample.value
     return counts

@@ -26,8 +26,8 @@ from typing import Any
 
 sys.path.append(str(Path(__file__).resolve().parent))
 
-import cpu  # noqa: E402
-import scenarios  # noqa: E402
+import cpu
+import scenarios
 
 cpu.prepare()
 
@@ -82,15 +82,14 @@ class FakeEngineClient:
         self.dead_error: BaseException | None = None
         self.endpoint_restrictions: Any = None
         if pipeline == "llm":
-            from vllm.engine.arg_utils import EngineArgs
-            from vllm.renderers import renderer_from_config
-            from vllm.v1.engine.input_processor import InputProcessor
-
             # vLLM inspects a lazily registered architecture in a fresh
             # interpreter, where torchvision cannot import (cpu.py); the
             # class registered by value is inspected here instead.
             from vllm import ModelRegistry
+            from vllm.engine.arg_utils import EngineArgs
             from vllm.model_executor.models.gpt2 import GPT2LMHeadModel
+            from vllm.renderers import renderer_from_config
+            from vllm.v1.engine.input_processor import InputProcessor
 
             ModelRegistry.register_model("GPT2LMHeadModel", GPT2LMHeadModel)
             self.vllm_config: Any = EngineArgs(model=model).create_engine_config()
@@ -98,7 +97,9 @@ class FakeEngineClient:
             self.renderer = renderer_from_config(self.vllm_config)
             self.input_processor = InputProcessor(self.vllm_config, self.renderer)
             self.stage_configs = [
-                _stage(stage_type="llm", is_comprehension=True, final_output_type="text")
+                _stage(
+                    stage_type="llm", is_comprehension=True, final_output_type="text"
+                )
             ]
             self.output_modalities = ["text"]
             self.default_sampling_params_list: list[Any] = [SamplingParams()]

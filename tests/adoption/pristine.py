@@ -16,35 +16,68 @@ _CATCH_ALL = (
     "before any handler: the engine's client error loses its status and param"
 )
 _RAW_TEXT = "a raw exception's text (traceback, API key) is the public message"
-_VALUE_ERROR_400 = "any ValueError is the client's fault: an engine-side one answers 400 (RFC problem 1)"
+_VALUE_ERROR_400 = (
+    "any ValueError is the client's fault: an engine-side one answers 400 "
+    "(RFC problem 1)"
+)
 _BODY_VALIDATION = (
     "vLLM's validation handler: type 'Bad Request', param 'body.temperature', "
     "the rejected value echoed"
 )
-_NO_DETAILS = "0.30's offline path raises OmniClientError(ValueError)/RuntimeError without .details"
+_NO_DETAILS = (
+    "0.30's offline path raises OmniClientError(ValueError) or RuntimeError, "
+    "without .details"
+)
 
 # test name -> (reason, pattern of the failure)
 EXPECTED: dict[str, tuple[str, str]] = {
-    "test_one_canonical_envelope[bad_temperature]": (_BODY_VALIDATION, r"type 'Bad Request'"),
+    "test_one_canonical_envelope[bad_temperature]": (
+        _BODY_VALIDATION,
+        r"type 'Bad Request'",
+    ),
     "test_one_canonical_envelope[generate_error]": (
         "EngineGenerateError answers 500 with an empty message",
         r"empty message",
     ),
     "test_one_canonical_envelope[not_found]": (_CATCH_ALL, r"assert 500 == 404"),
-    "test_one_canonical_envelope[runtime_secret]": (_RAW_TEXT, r"type 'Internal Server Error'"),
+    "test_one_canonical_envelope[runtime_secret]": (
+        _RAW_TEXT,
+        r"type 'Internal Server Error'",
+    ),
     "test_one_canonical_envelope[validation_top_k]": (_CATCH_ALL, r"assert 500 == 400"),
-    "test_one_canonical_envelope[value_error]": (_VALUE_ERROR_400, r"assert 400 == 500"),
-    "test_one_canonical_envelope[value_error_secret]": (_VALUE_ERROR_400, r"assert 400 == 500"),
+    "test_one_canonical_envelope[value_error]": (
+        _VALUE_ERROR_400,
+        r"assert 400 == 500",
+    ),
+    "test_one_canonical_envelope[value_error_secret]": (
+        _VALUE_ERROR_400,
+        r"assert 400 == 500",
+    ),
     "test_engine_value_error_is_500[value_error]": (_VALUE_ERROR_400, r"answered 400"),
-    "test_engine_value_error_is_500[value_error_secret]": (_VALUE_ERROR_400, r"answered 400"),
+    "test_engine_value_error_is_500[value_error_secret]": (
+        _VALUE_ERROR_400,
+        r"answered 400",
+    ),
     "test_client_mistake_is_4xx_with_param[bad_temperature]": (
         _BODY_VALIDATION,
         r"'body\.temperature' == 'temperature'",
     ),
-    "test_client_mistake_is_4xx_with_param[validation_top_k]": (_CATCH_ALL, r"assert 500 < 500"),
-    "test_no_private_text_in_body[value_error_secret]": (_RAW_TEXT, r"shows a traceback, a secret"),
-    "test_no_private_text_in_body[runtime_secret]": (_RAW_TEXT, r"shows a traceback, a secret"),
-    "test_no_private_text_in_body[bad_temperature]": (_BODY_VALIDATION, r"shows a rejected value"),
+    "test_client_mistake_is_4xx_with_param[validation_top_k]": (
+        _CATCH_ALL,
+        r"assert 500 < 500",
+    ),
+    "test_no_private_text_in_body[value_error_secret]": (
+        _RAW_TEXT,
+        r"shows a traceback, a secret",
+    ),
+    "test_no_private_text_in_body[runtime_secret]": (
+        _RAW_TEXT,
+        r"shows a traceback, a secret",
+    ),
+    "test_no_private_text_in_body[bad_temperature]": (
+        _BODY_VALIDATION,
+        r"shows a rejected value",
+    ),
     "test_failure_after_stream_started_is_one_terminal_event[stream_generate_error]": (
         "the SSE error event of an EngineGenerateError has an empty message",
         r"empty message",

@@ -10,16 +10,18 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import httpx
-
 import contract
+import httpx
 import scenarios
 
 
 def test_unknown_model_on_diffusion_chat_is_404(diffusion_server: Any) -> None:
     response = httpx.post(
         f"{diffusion_server.base_url}/v1/chat/completions",
-        json={"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]},
+        json={
+            "model": "no-such-model",
+            "messages": [{"role": "user", "content": "hi"}],
+        },
         timeout=60,
     )
     assert response.status_code == 404, response.text

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import contract
 import openai
 import pytest
-
-import contract
 import scenarios
 
 HANDLER = "/v1/chat/completions"

@@ -11,9 +11,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import httpx
-
 import contract
+import httpx
 import scenarios
 
 

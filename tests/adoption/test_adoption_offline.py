@@ -25,7 +25,9 @@ def _details(exc: BaseException) -> Any:
 def _message(**fields: Any) -> Any:
     from vllm_omni.engine.messages import ErrorMessage
 
-    return ErrorMessage(error="top_k must be at least 1", request_id="r-1", stage_id=1, **fields)
+    return ErrorMessage(
+        error="top_k must be at least 1", request_id="r-1", stage_id=1, **fields
+    )
 
 
 @pytest.mark.parametrize(
@@ -41,11 +43,12 @@ def test_stage_error_message_raises_the_semantic_type(
     fields: dict[str, Any], owner: str, status: int
 ) -> None:
     from vllm.exceptions import VLLMClientError, VLLMServerError
-
     from vllm_omni.entrypoints.omni_base import OmniBase
 
     with pytest.raises(Exception) as raised:
-        OmniBase._raise_nonfatal_error_message(types.SimpleNamespace(), _message(**fields))
+        OmniBase._raise_nonfatal_error_message(
+            types.SimpleNamespace(), _message(**fields)
+        )
     exc = raised.value
     expected = VLLMClientError if owner == "client" else VLLMServerError
     assert isinstance(exc, expected), f"{type(exc).__mro__} is no {expected.__name__}"
@@ -55,28 +58,36 @@ def test_stage_error_message_raises_the_semantic_type(
 
 def test_engine_output_error_raises_engine_generate_error_with_stage() -> None:
     from vllm.v1.engine.exceptions import EngineGenerateError
-
     from vllm_omni.entrypoints.omni_base import OmniBase
 
     outputs = types.SimpleNamespace(
-        error="the decoder failed", error_status_code=500, error_type="InternalServerError"
+        error="the decoder failed",
+        error_status_code=500,
+        error_type="InternalServerError",
     )
     result = types.SimpleNamespace(engine_outputs=outputs)
     engine = types.SimpleNamespace(errored=False)
     with pytest.raises(EngineGenerateError) as raised:
         OmniBase._check_engine_output_error(engine, result, "r-2", 2)
     details = _details(raised.value)
-    assert (details.category, details.status_code, details.stage_id) == ("server", 500, 2)
+    assert (details.category, details.status_code, details.stage_id) == (
+        "server",
+        500,
+        2,
+    )
 
 
 @pytest.mark.parametrize(("status", "owner"), [(422, "client"), (500, "server")])
-def test_diffusion_output_error_raises_the_semantic_type(status: int, owner: str) -> None:
+def test_diffusion_output_error_raises_the_semantic_type(
+    status: int, owner: str
+) -> None:
     from vllm.exceptions import VLLMClientError, VLLMServerError
-
     from vllm_omni.diffusion.data import DiffusionOutput
     from vllm_omni.diffusion.diffusion_engine import DiffusionEngine
 
-    output = DiffusionOutput(error="the image cannot be decoded", error_status_code=status)
+    output = DiffusionOutput(
+        error="the image cannot be decoded", error_status_code=status
+    )
     with pytest.raises(Exception) as raised:
         DiffusionEngine.postprocess_output(types.SimpleNamespace(), None, output)
     exc = raised.value

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import contract
 import httpx
 import pytest
-
-import contract
 import scenarios
 
 
@@ -44,5 +43,7 @@ def test_failure_after_stream_started_is_one_terminal_event(
     assert any(isinstance(e, dict) and e.get("choices") for e in events[:at]), (
         "the failure did not come after the stream started"
     )
-    assert events[at + 1 :] in ([], ["[DONE]"]), f"events after the error: {events[at + 1:]}"
+    assert events[at + 1 :] in ([], ["[DONE]"]), (
+        f"events after the error: {events[at + 1 :]}"
+    )
     contract.assert_canonical(events[at]["error"], 500)

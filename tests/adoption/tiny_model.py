@@ -22,7 +22,9 @@ def make(directory: Path) -> Path:
     """Write the model into ``directory`` and return it."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    vocab = {word: index for index, word in enumerate(("[UNK]", "[BOS]", "[EOS]", *WORDS))}
+    vocab = {
+        word: index for index, word in enumerate(("[UNK]", "[BOS]", "[EOS]", *WORDS))
+    }
     tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     directory.mkdir(parents=True, exist_ok=True)
