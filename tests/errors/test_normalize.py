@@ -676,6 +676,13 @@ needs_request_error = pytest.mark.skipif(
     reason=f"vLLM {vllm.__version__} has no vllm.outputs.RequestError "
     "(added in vLLM 0.32)",
 )
+# vLLM 0.33+: a RequestError names its exception (``to_exception``), and a
+# ``validation_error`` code is the client's; 0.32's has neither.
+needs_to_exception = pytest.mark.skipif(
+    not hasattr(RequestError, "to_exception"),
+    reason=f"vLLM {vllm.__version__} has no RequestError.to_exception "
+    "(added in vLLM 0.33)",
+)
 
 
 @pytest.mark.parametrize(
@@ -687,7 +694,7 @@ needs_request_error = pytest.mark.skipif(
                 "prompt is too long", "client", 400, "BadRequestError", request_id="r"
             ),
             id="validation",
-            marks=needs_request_error,
+            marks=[needs_request_error, needs_to_exception],
         ),
         pytest.param(
             lambda: RequestError(
@@ -1047,3 +1054,21 @@ def test_chat_template_error_before_0_33_is_a_raw_value_error() -> None:
         upstream.message,
     )
     assert legacy.status_code == 400 and legacy.error_type == "BadRequestError"
+
+
+@pytest.mark.skipif(
+    RequestError is None or hasattr(RequestError, "to_exception"),
+    reason="vLLM 0.32's RequestError only (no to_exception); installed: "
+    f"vLLM {vllm.__version__}",
+)
+def test_a_0_32_request_error_is_read_as_its_servers_read_it() -> None:
+    """0.32's servers raise ``RetryableRequestError`` for a retryable
+    ``RequestError``, else ``GenerationError``, whatever its code."""
+    error = RequestError(code="validation_error", message="too long")
+    assert from_request_error(error) == OmniErrorDetails(
+        "too long", "server", 500, "InternalServerError"
+    )
+    retry = RequestError(code="multimodal_cache_miss", message="miss", retryable=True)
+    assert from_request_error(retry, stage_id=3) == OmniErrorDetails(
+        "miss", "server", 503, "ServiceUnavailableError", stage_id=3
+    )
