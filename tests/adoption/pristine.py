@@ -114,6 +114,10 @@ EXPECTED: dict[str, tuple[str, str]] = {
         _NO_DETAILS,
         r"RuntimeError'>.*is no VLLMServerError",
     ),
+    "test_stage_error_message_keeps_its_record": (
+        "0.30 has no OmniErrorDetails, and ErrorMessage no record",
+        r"cannot import name 'OmniErrorDetails'",
+    ),
     "test_engine_output_error_raises_engine_generate_error_with_stage": (
         _NO_DETAILS,
         r"EngineGenerateError has no \.details",

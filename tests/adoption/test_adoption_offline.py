@@ -56,6 +56,24 @@ def test_stage_error_message_raises_the_semantic_type(
     assert (details.category, details.status_code) == (owner, status)
 
 
+def test_stage_error_message_keeps_its_record() -> None:
+    """A message carrying the record (``details``) is read by it: the
+    parameter and the owner survive the stage boundary."""
+    from vllm.exceptions import VLLMClientError
+    from vllm_omni.entrypoints.omni_base import OmniBase
+
+    from vllm_omni.errors import OmniErrorDetails
+
+    record = OmniErrorDetails(
+        "top_k must be at least 1", "client", 400, "BadRequestError", parameter="top_k"
+    )
+    message = _message(status_code=400, details=record.to_wire())
+    with pytest.raises(VLLMClientError) as raised:
+        OmniBase._raise_nonfatal_error_message(types.SimpleNamespace(), message)
+    details = _details(raised.value)
+    assert (details.parameter, details.stage_id) == ("top_k", 1)
+
+
 def test_engine_output_error_raises_engine_generate_error_with_stage() -> None:
     from vllm.v1.engine.exceptions import EngineGenerateError
     from vllm_omni.entrypoints.omni_base import OmniBase
