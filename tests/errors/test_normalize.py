@@ -5,6 +5,8 @@ the invariants of every record ``normalize`` returns for any exception."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import importlib.util
 import json
 import re
 from collections.abc import Callable
@@ -1035,13 +1037,15 @@ def test_unhashable_exception_class_is_an_unknown_server_error() -> None:
 )
 def test_chat_template_error_before_0_33_is_a_raw_value_error() -> None:
     """Before vLLM 0.33 it is a ``ValueError`` of ``vllm.entrypoints.chat_utils``
-    (docs/errors/status-mapping.md, "Older vLLM releases"): unknown in strict
-    mode, upstream's 400 in legacy mode."""
-    from vllm.entrypoints.chat_utils import (  # type: ignore[attr-defined]
-        ChatTemplateResolutionError as Older,
+    (0.32: ``vllm.renderers.chat_utils``; docs/errors/status-mapping.md, "Older
+    vLLM releases"): unknown in strict mode, upstream's 400 in legacy mode."""
+    module = next(
+        name
+        for name in ("vllm.renderers.chat_utils", "vllm.entrypoints.chat_utils")
+        if importlib.util.find_spec(name) is not None
     )
-
-    exc = Older("No chat template is defined")
+    older = importlib.import_module(module).ChatTemplateResolutionError
+    exc = older("No chat template is defined")
     assert isinstance(exc, ValueError) and not isinstance(exc, VLLMError)
     assert normalize(exc) == OmniErrorDetails(
         GENERIC, "server", 500, "InternalServerError"
