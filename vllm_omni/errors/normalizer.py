@@ -363,6 +363,7 @@ def from_request_error(
     a retryable one, else ``GenerationError``, and so does this. Before 0.32
     there is no ``RequestError``.
     """
+    malformed = RuntimeError("malformed RequestError")
     try:
         to_exception = getattr(error, "to_exception", None)
         if to_exception is not None:
@@ -370,11 +371,13 @@ def from_request_error(
         else:
             message, retryable = error.message, error.retryable
             if not isinstance(message, str) or not isinstance(retryable, bool):
-                raise TypeError("not a RequestError")
-            if retryable and RETRYABLE_REQUEST is not None:
+                exc = malformed
+            elif retryable and RETRYABLE_REQUEST is not None:
                 exc = RETRYABLE_REQUEST(message)
             else:
                 exc = GenerationError(message)
     except Exception:
-        return normalize(RuntimeError("malformed RequestError"), request_id=request_id)
+        exc = malformed
+    if exc is malformed:
+        return normalize(malformed, request_id=request_id)
     return normalize(exc, request_id=request_id, stage_id=stage_id)
