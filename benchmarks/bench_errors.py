@@ -90,7 +90,7 @@ def exception_mix(tag: str = "") -> list[BaseException]:
         VLLMNotFoundError(f"The model `omni-large{tag}` does not exist."),
         VLLMUnprocessableEntityError(
             f"Failed to load the image from the given URL{tag}: 404 Not Found",
-            parameter="messages[0].content",
+            parameter="messages.0.content",
         ),
         VLLMClientError(
             "This model's maximum context length is 4096 tokens. However, you "

@@ -55,7 +55,7 @@ REFUSED: dict[str, tuple[str, dict[str, Any], str]] = {
     "message without text": (
         CHAT,
         {"messages": [*HI, {"role": "assistant", "content": None}]},
-        "messages[1].content",
+        "messages.1.content",
     ),
     "blank text part": (
         CHAT,
@@ -70,12 +70,12 @@ REFUSED: dict[str, tuple[str, dict[str, Any], str]] = {
                 }
             ]
         },
-        "messages[0].content[1].text",
+        "messages.0.content.1.text",
     ),
     "message field the text stage does not read": (
         CHAT,
         {"messages": [{"role": "user", "content": "hi", "tool_call_id": "t"}]},
-        "messages[0].tool_call_id",
+        "messages.0.tool_call_id",
     ),
     "modalities without text": (
         CHAT,
@@ -214,7 +214,7 @@ WRONG_TYPES: dict[str, tuple[str, dict[str, Any], str]] = {
             "tools": [5],
             "tool_choice": {"type": "function", "function": {"name": "f"}},
         },
-        "tools[0]",
+        "tools.0",
     ),
 }
 

@@ -130,6 +130,7 @@ CHAT_HONOURED: dict[str, tuple[dict[str, Any], Check]] = {
     ),
     # An end-user id for the operator: accepted; by definition no effect.
     "user": ({"user": "user-42"}, _greedy),
+    "safety_identifier": ({"safety_identifier": "user-42"}, _greedy),
     "modalities": (
         {"modalities": ["text", "audio"]},
         lambda r: (
@@ -450,7 +451,8 @@ def test_batched_and_token_prompts_are_refused(http: httpx.Client) -> None:
 
 
 def test_speech_fields(http: httpx.Client) -> None:
-    assert set(SpeechRequest.model_fields) == set(fields.SPEECH)
+    # ``speaker`` is the voice's alias.
+    assert set(SpeechRequest.model_fields) | {"speaker"} == set(fields.SPEECH)
     base = {"input": "hello world"}
     alloy = http.post(SPEECH, json=base)
     assert alloy.status_code == 200
@@ -557,6 +559,11 @@ IMAGE_REFUSED: dict[str, Any] = {
     "output_compression": 50,
     "stream": True,
     "partial_images": 1,
+    # The OpenAI API's newer fields, which the request model does not define.
+    "complexity": "low",
+    "frame_count": 4,
+    "frame_duration_ms": 100,
+    "svg": {"model": "x"},
 }
 
 
@@ -569,12 +576,19 @@ def test_image_generation_fields(http: httpx.Client) -> None:
         for seed in (1, 1, 2)
     ]
     assert seeded[0] == seeded[1] != seeded[2]
-    for name in ("user", "model", "response_format"):
-        value = {"user": "u", "model": "omni-reference", "response_format": "b64_json"}
-        assert (
-            http.post(GENERATIONS, json={**base, name: value[name]}).status_code == 200
-        )
-    assert set(ImageGenerationRequest.model_fields) == set(fields.IMAGE_GENERATIONS)
+    accepted = {
+        "user": "u",
+        "safety_identifier": "u",
+        "model": "omni-reference",
+        "response_format": "b64_json",
+    }
+    for name, value in accepted.items():
+        assert http.post(GENERATIONS, json={**base, name: value}).status_code == 200
+    # The model's fields, and the OpenAI API's that it does not define.
+    assert set(ImageGenerationRequest.model_fields) | {
+        "safety_identifier",
+        *IMAGE_REFUSED,
+    } == set(fields.IMAGE_GENERATIONS)
     for name, value in IMAGE_REFUSED.items():
         _refused(http.post(GENERATIONS, json={**base, name: value}), name)
     # Outside the API's domain: a 400 naming the field too.
@@ -596,6 +610,11 @@ def test_image_edit_fields(http: httpx.Client) -> None:
         "input_fidelity": "high",
         "stream": "true",
         "partial_images": "1",
+        "complexity": "low",
+        "frame_count": "4",
+        "frame_duration_ms": "100",
+        "svg": "{}",
+        "markup": "x",
     }
     for name, value in form_refused.items():
         _refused(http.post(EDITS, data={**base, name: value}, files=files), name)
@@ -637,10 +656,17 @@ def _doc_table(route: str) -> list[str]:
     return text.split(begin, 1)[1].split(end, 1)[0].strip().splitlines()
 
 
-# Routes whose request model is upstream's: every field of the model.
+# Routes whose request model is upstream's: every field of the model, then
+# the table's others (the OpenAI API's that upstream's model lacks).
 MODEL_FIELDS = {
-    "chat": list(ChatCompletionRequest.model_fields),
-    "completions": list(CompletionRequest.model_fields),
+    route: [
+        *model.model_fields,
+        *(name for name in fields.ROUTES[route][0] if name not in model.model_fields),
+    ]
+    for route, model in (
+        ("chat", ChatCompletionRequest),
+        ("completions", CompletionRequest),
+    )
 }
 
 

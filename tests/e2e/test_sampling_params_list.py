@@ -143,17 +143,17 @@ def test_completions_honour_the_entry(client: openai.OpenAI) -> None:
 # entries → the exact ``param`` of the 400.
 REFUSED: dict[str, tuple[Any, str]] = {
     # The request: entry 0 is the guardrail, which does not sample.
-    "guardrail entry": ([{"max_tokens": 2}, {"max_tokens": 2}], "[0].max_tokens"),
+    "guardrail entry": ([{"max_tokens": 2}, {"max_tokens": 2}], ".0.max_tokens"),
     "example thinker keys": (
         [None, _thinker(top_p=1.0, top_k=-1, repetition_penalty=1.1)],
-        "[1].top_p",
+        ".1.top_p",
     ),
-    "outside the stage's domain": ([None, {"max_tokens": 0}], "[1].max_tokens"),
-    "wrong type": ([None, {"temperature": "hot"}], "[1].temperature"),
-    "talker speed": ([None, None, {"speed": 9.0}], "[2].speed"),
-    "vocoder takes nothing": ([None, None, None, {"seed": 1}], "[3].seed"),
-    "image size": ([None] * 4 + [{"size": "7x7"}], "[4].size"),
-    "entry not a mapping": ([None, "greedy"], "[1]"),
+    "outside the stage's domain": ([None, {"max_tokens": 0}], ".1.max_tokens"),
+    "wrong type": ([None, {"temperature": "hot"}], ".1.temperature"),
+    "talker speed": ([None, None, {"speed": 9.0}], ".2.speed"),
+    "vocoder takes nothing": ([None, None, None, {"seed": 1}], ".3.seed"),
+    "image size": ([None] * 4 + [{"size": "7x7"}], ".4.size"),
+    "entry not a mapping": ([None, "greedy"], ".1"),
     "longer than the pipeline": ([None] * 7, ""),
     "not a list": ({"max_tokens": 2}, ""),
 }
@@ -215,7 +215,7 @@ def test_speech_honours_the_talker_entry(client: openai.OpenAI) -> None:
     assert len(speak([None, None, {"speed": 2.0}])) < len(alloy)
     with pytest.raises(openai.BadRequestError) as info:
         speak([None, None, {"speed": 9.0}])
-    assert info.value.body["param"] == "sampling_params_list[2].speed"  # type: ignore[index]
+    assert info.value.body["param"] == "sampling_params_list.2.speed"  # type: ignore[index]
 
 
 def test_images_honour_the_image_entry(client: openai.OpenAI) -> None:
@@ -230,7 +230,7 @@ def test_images_honour_the_image_entry(client: openai.OpenAI) -> None:
     assert images([None] * 4 + [{"seed": 7}]) != default
     with pytest.raises(openai.BadRequestError) as info:
         images([None] * 4 + [{"size": "7x7"}])
-    assert info.value.body["param"] == "sampling_params_list[4].size"  # type: ignore[index]
+    assert info.value.body["param"] == "sampling_params_list.4.size"  # type: ignore[index]
 
 
 def test_a_form_honours_the_list_as_json_text(omni_server: OmniServer) -> None:
@@ -270,7 +270,7 @@ def test_a_form_honours_the_list_as_json_text(omni_server: OmniServer) -> None:
         ]
     for response, param in zip(
         refused,
-        ["sampling_params_list", "sampling_params_list", "sampling_params_list[0].n"],
+        ["sampling_params_list", "sampling_params_list", "sampling_params_list.0.n"],
         strict=True,
     ):
         assert response.status_code == 400, response.text
@@ -299,7 +299,7 @@ def test_video_create_checks_the_list_before_the_job(omni_server: OmniServer) ->
             },
         )
     assert bad.status_code == 400, bad.text
-    assert bad.json()["error"]["param"] == "sampling_params_list[5].fps"
+    assert bad.json()["error"]["param"] == "sampling_params_list.5.fps"
 
 
 def test_realtime_response_create_honours_the_entry(omni_server: OmniServer) -> None:
@@ -321,7 +321,7 @@ def test_realtime_response_create_honours_the_entry(omni_server: OmniServer) -> 
         (error,) = [
             e for e in respond(ws, [None, {"top_k": 2}]) if e["type"] == "error"
         ]
-    assert error["error"]["param"] == "response.sampling_params_list[1].top_k"
+    assert error["error"]["param"] == "response.sampling_params_list.1.top_k"
 
 
 def test_a_video_job_runs_with_the_entry(omni_server: OmniServer) -> None:

@@ -451,7 +451,8 @@ VIDEO_REFUSED_030: dict[str, Any] = {
 
 
 def test_every_refused_video_field_has_a_case() -> None:
-    assert set(VIDEO_REFUSED_030) == {
+    # input_reference is the OpenAI API's (tests/e2e/test_unknown_fields.py).
+    assert set(VIDEO_REFUSED_030) | {"input_reference"} == {
         name for name, rule in fields.VIDEOS.items() if not rule.honoured_by
     }
 
@@ -521,7 +522,12 @@ EDIT_UPLOADS_030 = ("mask_image", "reference_image", "image[]")
 
 
 def test_every_refused_edit_field_has_a_case() -> None:
-    assert set(EDIT_REFUSED_030) | set(EDIT_UPLOADS_030) == set(fields.IMAGE_EDITS_030)
+    # The OpenAI API's form fields that the route reads as given too
+    # (tests/e2e/test_request_fields.py::test_image_edit_fields).
+    openai_names = {"complexity", "frame_count", "frame_duration_ms", "svg", "markup"}
+    assert set(EDIT_REFUSED_030) | set(EDIT_UPLOADS_030) | openai_names == set(
+        fields.IMAGE_EDITS_030
+    )
 
 
 def test_edit_fields_030(http: httpx.Client) -> None:

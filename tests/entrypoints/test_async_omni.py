@@ -166,7 +166,7 @@ async def test_validation_before_submission_sends_nothing(
     for prompt, params, parameter in (
         ("x \ud800", {}, "prompt"),
         ("x", {"voice": "\udc00"}, "voice"),
-        ("x", {"lora": {"name": ["ok", "\udc00\ud800"]}}, "lora.name[1]"),
+        ("x", {"lora": {"name": ["ok", "\udc00\ud800"]}}, "lora.name.1"),
         ("x", {"\ud800": 1}, "params"),
     ):
         with pytest.raises(VLLMValidationError) as info:

@@ -125,8 +125,8 @@ def test_context_manager_stops_every_stage() -> None:
         (7, "prompts"),
         ({"a": 1}, "prompts"),
         (b"bytes", "prompts"),
-        (["fine", 7], "prompts[1]"),
-        (["fine", None], "prompts[1]"),
+        (["fine", 7], "prompts.1"),
+        (["fine", None], "prompts.1"),
     ],
 )
 def test_prompts_are_validated_at_the_boundary(

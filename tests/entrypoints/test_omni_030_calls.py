@@ -88,18 +88,18 @@ def test_the_progress_bar_is_on_by_default(
 WRONG_CALLS: dict[str, tuple[Any, str]] = {
     "a key the thinker does not read": (
         lambda o: o.generate(["x"], [None, {"top_k": 1}]),
-        "sampling_params_list[1].top_k",
+        "sampling_params_list.1.top_k",
     ),
     "a value outside its domain": (
         lambda o: o.generate(["x"], [None, {"temperature": 9.0}]),
-        "sampling_params_list[1].temperature",
+        "sampling_params_list.1.temperature",
     ),
     "not a list": (
         lambda o: o.generate(["x"], {"max_tokens": 1}),
         "sampling_params_list",
     ),
     "use_tqdm": (lambda o: o.generate(["x"], use_tqdm="yes"), "use_tqdm"),
-    "prompts": (lambda o: o.generate([1]), "prompts[0]"),
+    "prompts": (lambda o: o.generate([1]), "prompts.0"),
 }
 
 

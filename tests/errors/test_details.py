@@ -126,7 +126,7 @@ def test_invariant_violation_is_not_a_value_error() -> None:
     "fields",
     [
         VALID,
-        VALID | {"status_code": 499, "parameter": "messages[0].content"},
+        VALID | {"status_code": 499, "parameter": "messages.0.content"},
         VALID | {"error_type": "Too Many Requests", "status_code": 429},
         {
             "message": GENERIC,

@@ -117,13 +117,13 @@ UPSTREAM_CASES: list[Case] = [
     Case(
         "unprocessable",
         lambda: VLLMUnprocessableEntityError(
-            "Cannot load the image", parameter="messages[0].content", value=b"\x89P"
+            "Cannot load the image", parameter="messages.0.content", value=b"\x89P"
         ),
         422,
         "UnprocessableEntityError",
         "client",
         "Cannot load the image",
-        parameter="messages[0].content",
+        parameter="messages.0.content",
     ),
     Case(
         "not-found",
@@ -247,13 +247,13 @@ OMNI_CASES: list[Case] = [
     Case(
         "guardrail",
         lambda: GuardrailViolationError(
-            "Blocked by the content policy", parameter="messages[1].content"
+            "Blocked by the content policy", parameter="messages.1.content"
         ),
         400,
         "GuardrailViolationError",
         "client",
         "Blocked by the content policy",
-        parameter="messages[1].content",
+        parameter="messages.1.content",
     ),
     Case(
         "conflict",
@@ -912,7 +912,7 @@ ATTRIBUTE_VALUE = st.one_of(
     GARBAGE,
     _valid_details(),
     st.integers(-10, 1000),
-    st.sampled_from(["temperature", "messages[0]", "bad param", "", "9x"]),
+    st.sampled_from(["temperature", "messages.0", "bad param", "", "9x"]),
 )
 
 

@@ -106,6 +106,13 @@ CASES: dict[str, tuple[str, str, dict[str, Any] | None]] = {
     "chat_template_in_request": _chat(chat_template="{{ messages }}"),
     "beam_search": _chat(use_beam_search=True),
     "echo": _chat(echo=True),
+    "misspelled_field": _chat(max_token=5),
+    # issue 48: a string where include_usage is a boolean, streamed or not.
+    "stream_options_string": _chat(
+        stream=True, stream_options={"include_usage": "yes"}
+    ),
+    "stream_options_string_no_stream": _chat(stream_options={"include_usage": "yes"}),
+    "completion_echo_logprobs": _completion(echo=True, logprobs=1),
     "completion": _completion(),
     "completion_stream": _completion(stream=True),
     "completion_n2_logprobs": _completion(n=2, logprobs=2),
@@ -148,14 +155,21 @@ CORRECTIONS: dict[str, tuple[tuple[Any, ...], tuple[Any, ...]]] = {
     "unknown_route": ((404, None, None), (404, "NotFoundError", None)),
     "wrong_method": ((405, None, None), (405, "MethodNotAllowedError", None)),
     # Stricter: a role outside the OpenAI API.
-    "role_wizard": ((200, None, None), (400, _BAD, "messages[0].role")),
+    "role_wizard": ((200, None, None), (400, _BAD, "messages.0.role")),
     # A value of another JSON type than the field's: pydantic's lax parsing
     # takes it upstream; /openapi.json does not admit it.
     "temperature_as_string": ((200, None, None), (400, _BAD, "temperature")),
+    "stream_options_string": (
+        (200, None, None),
+        (400, _BAD, "stream_options.include_usage"),
+    ),
     # Not supported here: refused, never ignored.
     "beam_search": ((200, None, None), (400, _BAD, "use_beam_search")),
     "echo": ((200, None, None), (400, _BAD, "echo")),
     "completion_echo": ((200, None, None), (400, _BAD, "echo")),
+    "completion_echo_logprobs": ((200, None, None), (400, _BAD, "echo")),
+    # Not a field of the route: refused by name (upstream logs and ignores it).
+    "misspelled_field": ((200, None, None), (400, _BAD, "max_token")),
 }
 
 

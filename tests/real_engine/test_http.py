@@ -312,11 +312,11 @@ def test_sampling_params_list_reaches_the_vllm_stage(client: openai.OpenAI) -> N
             "hello world",
             extra_body={"sampling_params_list": [None, {"top_k": -5}]},
         )
-    assert error_of(info.value)["param"] == "sampling_params_list[1].top_k"
+    assert error_of(info.value)["param"] == "sampling_params_list.1.top_k"
     with pytest.raises(openai.BadRequestError) as info:
         chat(
             client,
             "hello world",
             extra_body={"sampling_params_list": [{"temperature": 0.5}]},
         )
-    assert error_of(info.value)["param"] == "sampling_params_list[0].temperature"
+    assert error_of(info.value)["param"] == "sampling_params_list.0.temperature"

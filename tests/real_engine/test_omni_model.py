@@ -95,7 +95,7 @@ def test_temperature_reaches_the_engines_sampling_params(
 def test_a_wrong_entry_is_named_before_anything_runs(omni: Omni) -> None:
     with pytest.raises(VLLMValidationError) as info:
         omni.generate(["a"], [{"top_k": -5}])
-    assert info.value.parameter == "sampling_params_list[0].top_k"
+    assert info.value.parameter == "sampling_params_list.0.top_k"
     with pytest.raises(VLLMValidationError) as info:
         omni.generate(["a"], [None, {}])
     assert info.value.parameter == "sampling_params_list"

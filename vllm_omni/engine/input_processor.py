@@ -42,7 +42,7 @@ def check_inputs(
         )
     bad = "params" if not isinstance(params, Mapping) else _bad_param(params, "")
     for stage_id, entry in per_stage.items():
-        bad = bad or _bad_param(entry, f"sampling_params_list[{stage_id}]")
+        bad = bad or _bad_param(entry, f"sampling_params_list.{stage_id}")
     if bad is not None:
         raise VLLMValidationError(
             f"{bad or 'params'} must be a plain value: a string, a 64-bit "
@@ -73,7 +73,7 @@ def _bad_param(value: object, path: str, depth: int = 0) -> str | None:
         return path
     if isinstance(value, list | tuple):
         for index, item in enumerate(value):
-            bad = _bad_param(item, f"{path}[{index}]", depth + 1)
+            bad = _bad_param(item, f"{path}.{index}" if path else str(index), depth + 1)
             if bad is not None:
                 return bad
         return None

@@ -277,7 +277,7 @@ class AsyncOmni:
         (``None``: the stage's defaults); for its stage it wins over
         ``params`` key by key. Each entry is checked before anything runs
         (``VLLMValidationError``, ``parameter`` e.g.
-        ``sampling_params_list[1].max_tokens``); an entry for a stage this
+        ``sampling_params_list.1.max_tokens``); an entry for a stage this
         request does not go through is checked and has no effect.
 
         Text streams one output per token (``text_delta``, with the choice

@@ -175,7 +175,7 @@ class Omni:
         ``details`` set and ``finished=True``. Prompts that are not a string
         or a list of strings, or a list that does not fit the pipeline,
         raise ``VLLMValidationError`` (``prompts[i]``,
-        ``sampling_params_list[1].top_k``) before anything runs; a call
+        ``sampling_params_list.1.top_k``) before anything runs; a call
         after ``close`` raises ``OmniServiceUnavailableError``.
         ``trace_headers`` (W3C ``traceparent``/``tracestate``): the trace
         every prompt's request joins (``AsyncOmni.generate``). ``timeout``
@@ -411,7 +411,7 @@ def _prompt_list(prompts: object) -> list[str]:
     for index, prompt in enumerate(batch):
         if not isinstance(prompt, str):
             raise VLLMValidationError(
-                "each prompt must be a string", parameter=f"prompts[{index}]"
+                "each prompt must be a string", parameter=f"prompts.{index}"
             )
     return batch
 

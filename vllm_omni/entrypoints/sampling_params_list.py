@@ -6,7 +6,7 @@ entry *i* configures the stage with id *i*; each entry is checked as that
 stage's parameters (a ``vllm`` stage's through upstream's ``SamplingParams``,
 a reference stage's through its own checks, ``Stage.check_params``) before
 anything runs, and a mistake is a ``VLLMValidationError`` whose ``parameter``
-is its exact place (``sampling_params_list[1].top_k``). How an entry and the
+is its exact place (``sampling_params_list.1.top_k``). How an entry and the
 request's own fields combine is the orchestrator's (``_for_stage``). This
 module builds no response and catches nothing to restyle it.
 """
@@ -53,7 +53,7 @@ def per_stage_params(
         )
     chosen: dict[int, dict[str, Any]] = {}
     for index, entry in enumerate(entries):
-        where = f"{PARAMETER}[{index}]"
+        where = f"{PARAMETER}.{index}"
         stage = by_id.get(index)
         if stage is None:
             raise VLLMValidationError(
@@ -119,7 +119,7 @@ def _entry(stage: StageConfig, entry: object, where: str) -> dict[str, Any]:
     except VLLMValidationError as exc:
         name = getattr(exc, "parameter", None) or next(iter(params), None)
         message = str(exc.args[0] if exc.args else exc)
-        # "max_tokens must be ..." reads "sampling_params_list[1].max_tokens ...".
+        # "max_tokens must be ..." reads "sampling_params_list.1.max_tokens ...".
         joined = "." if name and message.startswith(name) else ": "
         raise VLLMValidationError(
             f"{where}{joined}{message}",

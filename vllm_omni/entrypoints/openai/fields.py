@@ -9,23 +9,27 @@ nobody. ``check_fields`` raises a 400 ``VLLMValidationError`` naming
 that the owning stage does not honour, with the reason. A 200 therefore
 means every field the client set took effect.
 
-A field the table does not list is refused: an upstream release that adds a
-request field is refused until someone decides how it is honoured. vllm-omni
-0.30's own fields are in the tables, honoured where the route runs the stage
-that can do what they ask; a nested one (chat's ``extra_body``) is checked
-key by key as ``extra_body.<key>``. Fields outside the API (vendor extras)
-are accepted and listed once in a log line, as vLLM's ``OpenAIBaseModel``
-does (``log_ignored``).
+A field the table does not list is refused: a field of the request model
+that nobody decided about (an upstream release that adds one) because it is
+not supported, any other name because it is not a field of the route (a
+misspelling: the message suggests the closest field, as ``difflib`` finds
+it). OpenAI's API refuses an unrecognized argument the same way; vLLM's
+``OpenAIBaseModel`` logs it and answers 200, which here would be a 200 that
+did not honour what the client asked. vLLM's fields, vllm-omni 0.30's and
+the OpenAI API's are in the tables, each honoured where the route runs the
+stage that can do what it asks, or refused with the reason; a nested one
+(chat's ``extra_body``) is checked key by key as ``extra_body.<key>``.
 
 ``markdown`` renders the table for ``docs/serving.md``; a test keeps the two
 equal. This module must not import vLLM: the request models live in
 ``protocol.py``; the routes hand their instances (or, for form and event
-routes, plain mappings) to ``check_fields``.
+routes, a mapping of every field the client gave) to ``check_fields``.
 """
 
 from __future__ import annotations
 
-import logging
+import difflib
+import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -45,16 +49,14 @@ __all__ = [
     "VIDEOS",
     "FieldRule",
     "check_fields",
-    "log_ignored",
     "markdown",
 ]
-
-logger = logging.getLogger("vllm_omni.server")
 
 ROUTE = "route"
 _TEXT = frozenset({"text", "vllm"})
 _VLLM = frozenset({"vllm"})
 _NOBODY: frozenset[str] = frozenset()
+_END_USER = "an end-user id for the operator; no effect on output"
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +182,7 @@ _GENERATE_COMMON: dict[str, FieldRule] = {
     "stream_options": _rule(
         [ROUTE], "include_usage: a last chunk with usage", _stream_options
     ),
-    "user": _rule([ROUTE], "an end-user id for the operator; no effect on output"),
+    "user": _rule([ROUTE], _END_USER),
     "max_tokens": _rule(_TEXT, "the length limit"),
     "temperature": _rule(_TEXT, "sampling temperature"),
     "seed": _rule(_TEXT, "sampling seed"),
@@ -247,6 +249,37 @@ _CHAT_030: dict[str, FieldRule] = {
     ),
 }
 
+# The OpenAI API's chat fields that upstream's model does not define (vLLM
+# logs and ignores them): refused by name, with the reason.
+_CHAT_OPENAI: dict[str, FieldRule] = {
+    "functions": _rule(
+        _NOBODY, "function calls need a tool parser, which this server does not run"
+    ),
+    "function_call": _rule(
+        _NOBODY, "function calls need a tool parser, which this server does not run"
+    ),
+    "metadata": _rule(_NOBODY, "completions are not stored, nor their metadata"),
+    "store": _rule(_NOBODY, "completions are not stored"),
+    "moderation": _rule(_NOBODY, "moderation is not supported"),
+    "prediction": _rule(_NOBODY, "predicted outputs are not supported"),
+    **{
+        name: _rule(
+            _NOBODY,
+            "prompt cache settings are not supported (the engine's prefix cache "
+            "needs none; cache_salt isolates it)",
+        )
+        for name in (
+            "prompt_cache_key",
+            "prompt_cache_options",
+            "prompt_cache_retention",
+        )
+    },
+    "safety_identifier": _rule([ROUTE], _END_USER),
+    "service_tier": _rule(_NOBODY, "service tiers are not supported"),
+    "verbosity": _rule(_NOBODY, "verbosity levels are not supported"),
+    "web_search_options": _rule(_NOBODY, "web search is not supported"),
+}
+
 CHAT: dict[str, FieldRule] = {
     **_GENERATE_COMMON,
     "messages": _rule(
@@ -270,6 +303,7 @@ CHAT: dict[str, FieldRule] = {
     "lora": _rule(_VLLM, "a LoRA adapter by name (vLLM-Omni extension)"),
     "sampling_params_list": SAMPLING_PARAMS_LIST,
     **_CHAT_030,
+    **_CHAT_OPENAI,
 }
 
 COMPLETIONS: dict[str, FieldRule] = {
@@ -278,6 +312,8 @@ COMPLETIONS: dict[str, FieldRule] = {
     "suffix": _rule(_VLLM, "fill-in-the-middle, where the model renders it"),
     "lora": _rule(_VLLM, "a LoRA adapter by name (vLLM-Omni extension)"),
     "sampling_params_list": SAMPLING_PARAMS_LIST,
+    # The OpenAI API's, which upstream's model does not define.
+    "best_of": _rule(_NOBODY, "best_of is not supported"),
 }
 
 # vllm-omni 0.30's speech fields that the reference talker does not honour.
@@ -307,6 +343,7 @@ SPEECH: dict[str, FieldRule] = {
     "voice": _rule(
         {"talker"}, "one of GET /v1/audio/voices (404 otherwise); alias speaker"
     ),
+    "speaker": _rule({"talker"}, "vllm-omni's name for voice"),
     "response_format": _rule([ROUTE], "wav only"),
     "speed": _rule({"talker"}, "0.25 to 4"),
     "instructions": _rule(_NOBODY, "voice instructions are not supported"),
@@ -315,13 +352,21 @@ SPEECH: dict[str, FieldRule] = {
     **{name: _rule(_NOBODY, why) for name, why in _SPEECH_030.items()},
 }
 
+# The OpenAI API's newer image fields, which no model here defines.
+_IMAGES_OPENAI = {
+    "complexity": "complexity levels are not supported",
+    "frame_count": "the output is PNG (no GIF frames)",
+    "frame_duration_ms": "the output is PNG (no GIF frames)",
+    "svg": "the output is PNG (no SVG)",
+}
+
 _IMAGES_COMMON: dict[str, FieldRule] = {
     "model": _rule([ROUTE], "checked against the served model (404 otherwise)"),
     "prompt": _rule([ROUTE], "the image prompt"),
     "n": _rule({"image"}, "1 to 10 images"),
     "size": _rule({"image"}, "WxH, sides 64 to 1024, multiples of 8"),
     "response_format": _rule([ROUTE], "b64_json only"),
-    "user": _rule([ROUTE], "an end-user id for the operator; no effect on output"),
+    "user": _rule([ROUTE], _END_USER),
     "quality": _rule(_NOBODY, "quality levels are not supported"),
     "background": _rule(_NOBODY, "background control is not supported"),
     "output_format": _rule(_NOBODY, "the output is PNG"),
@@ -329,6 +374,8 @@ _IMAGES_COMMON: dict[str, FieldRule] = {
     "stream": _rule(_NOBODY, "image streaming is not supported"),
     "partial_images": _rule(_NOBODY, "image streaming is not supported"),
     "sampling_params_list": SAMPLING_PARAMS_LIST,
+    "safety_identifier": _rule([ROUTE], _END_USER),
+    **{name: _rule(_NOBODY, why) for name, why in _IMAGES_OPENAI.items()},
 }
 
 # vllm-omni 0.30's image fields (diffusion settings) the reference image
@@ -389,8 +436,15 @@ _EDITS_030 = {
     "url[]": "input images by URL are not supported",
 }
 
-# The form fields a route reads as the client gave them (FastAPI types none).
-IMAGE_EDITS_030: frozenset[str] = frozenset(_EDITS_030)
+# The OpenAI API's edit field that no model here defines.
+_EDITS_OPENAI = {"markup": "markup on the input image is not supported"}
+
+# The form fields the edits route reads as the client gave them (FastAPI
+# types none): vllm-omni 0.30's, and the OpenAI API's that the route's
+# signature does not list.
+IMAGE_EDITS_030: frozenset[str] = frozenset(
+    {**_EDITS_030, **_IMAGES_OPENAI, **_EDITS_OPENAI}
+)
 
 IMAGE_EDITS: dict[str, FieldRule] = {
     **_IMAGES_COMMON,
@@ -400,6 +454,7 @@ IMAGE_EDITS: dict[str, FieldRule] = {
     "sampling_params_list": FORM_SAMPLING_PARAMS_LIST,
     "seed": _rule({"image"}, "seed (vLLM-Omni extension)"),
     **{name: _rule(_NOBODY, why) for name, why in _EDITS_030.items()},
+    **{name: _rule(_NOBODY, why) for name, why in _EDITS_OPENAI.items()},
 }
 
 # vllm-omni 0.30's video fields the reference video stage does not honour.
@@ -440,11 +495,12 @@ VIDEOS: dict[str, FieldRule] = {
     "seconds": _rule({"video"}, "0.1 to 10 s"),
     "size": _rule({"video"}, "WxH, sides 64 to 512, multiples of 8"),
     "sampling_params_list": FORM_SAMPLING_PARAMS_LIST,
-    "user": _rule([ROUTE], "an end-user id for the operator; no effect on output"),
+    "user": _rule([ROUTE], _END_USER),
     "width": _rule({"video"}, "with height, the size WxH (vLLM-Omni; not with size)"),
     "height": _rule({"video"}, "with width, the size WxH (vLLM-Omni; not with size)"),
     "fps": _rule({"video"}, "frames per second, 1 to 30 (vLLM-Omni extension)"),
     "seed": _rule({"video"}, "seed (vLLM-Omni extension)"),
+    "input_reference": _rule(_NOBODY, "reference inputs are not supported"),
     **{name: _rule(_NOBODY, why) for name, why in _VIDEOS_030.items()},
 }
 
@@ -476,10 +532,21 @@ ROUTES: dict[str, tuple[dict[str, FieldRule], str]] = {
 }
 
 
-def _set_fields(request: BaseModel | Mapping[str, Any]) -> Iterable[tuple[str, Any]]:
-    """(name, value) of every field the client set to something but its default."""
+# What a route's unknown field is not a field of, where the operation alone
+# does not say it.
+_OF = {"realtime": "a response.create event's response"}
+
+
+def _set_fields(
+    request: BaseModel | Mapping[str, Any], table: Mapping[str, FieldRule]
+) -> Iterable[tuple[str, Any]]:
+    """(name, value) of every field the client set to something but its
+    default, and of every name the client gave that the route does not know
+    (whatever its value: a misspelled field is a mistake even when null)."""
     if isinstance(request, Mapping):
-        yield from ((k, v) for k, v in request.items() if v is not None)
+        yield from (
+            (k, v) for k, v in request.items() if v is not None or k not in table
+        )
         return
     given = request.model_fields_set
     # In the model's order: a field the client sent comes before one that a
@@ -494,6 +561,10 @@ def _set_fields(request: BaseModel | Mapping[str, Any]) -> Iterable[tuple[str, A
         ):
             continue
         yield name, value
+    # The names outside the model (``extra="allow"``), as the client gave them.
+    for name, value in (request.model_extra or {}).items():
+        if value is not None or name not in table:
+            yield name, value
 
 
 def check_fields(
@@ -502,27 +573,25 @@ def check_fields(
     stages: Sequence[StageConfig],
     *,
     prefix: str = "",
-    known_only: bool = False,
 ) -> None:
-    """Refuse (400, ``parameter`` = the field) the first field ``request`` sets
-    that none of ``stages`` (the stages doing the route's work, the owner
-    first) honours.
+    """Refuse (400, ``parameter`` = the field) the first field ``request``
+    sets that none of ``stages`` (the stages doing the route's work, the
+    owner first) honours, or that is not a field of the route at all.
 
-    ``request`` is the route's validated request model, or for form and
-    event routes a mapping of the fields given. With ``known_only``, names
-    the table does not list are vendor extras (a mapping has no model to
-    tell them apart); otherwise a name the table does not list is refused.
+    ``request`` is the route's validated request model (its extras
+    included), or for form and event routes a mapping of every field the
+    client gave (those at their default may be left out).
     """
     table = ROUTES[route][0]
     kinds = {stage.kind for stage in stages}
-    for name, value in _set_fields(request):
+    for name, value in _set_fields(request, table):
         rule = table.get(name)
         if rule is not None and rule.nested and isinstance(value, Mapping):
             _check_nested(route, f"{prefix}{name}.", value, stages)
             continue
         if rule is None:
-            if known_only:
-                continue
+            if isinstance(request, Mapping) or name not in type(request).model_fields:
+                raise _unknown(route, prefix, str(name))
             reason = "it is not supported by this server"
         elif ROUTE in rule.honoured_by or kinds & rule.honoured_by:
             reason = rule.refuse(value) if rule.refuse is not None else None
@@ -539,6 +608,21 @@ def check_fields(
         )
 
 
+def _unknown(route: str, prefix: str, name: str) -> VLLMValidationError:
+    """The 400 on a name that is not a field of ``route``, with the closest
+    field's name when one is close (a misspelling)."""
+    table, operation = ROUTES[route]
+    close = difflib.get_close_matches(name, table, n=1)
+    hint = f"; did you mean {prefix}{close[0]}?" if close else "."
+    # A name that is no identifier (empty, spaces) is shown as JSON.
+    shown = name if name.isidentifier() else json.dumps(name, ensure_ascii=False)
+    return VLLMValidationError(
+        f"{prefix}{shown} is not a field of "
+        f"{_OF.get(route, f'this route ({operation})')}{hint}",
+        parameter=f"{prefix}{name}",
+    )
+
+
 def _check_nested(
     route: str, prefix: str, nested: Mapping[str, Any], stages: Sequence[StageConfig]
 ) -> None:
@@ -553,18 +637,6 @@ def _check_nested(
             f"{prefix}{key} cannot be honoured: it is read at the top level of "
             "the request only (where the OpenAI SDK's extra_body puts it).",
             parameter=f"{prefix}{key}",
-        )
-
-
-def log_ignored(request_id: str, names: Iterable[str]) -> None:
-    """One log line listing the vendor extras a request carried (accepted,
-    without effect), as vLLM's ``OpenAIBaseModel`` does."""
-    extras = sorted(str(name)[:64] for name in names)
-    if extras:
-        logger.info(
-            "request %s: fields present in the request but ignored: %s",
-            request_id,
-            ", ".join(repr(name) for name in extras[:20]),
         )
 
 
@@ -590,7 +662,8 @@ def _who(rule: FieldRule | None, kinds: tuple[str, ...]) -> str:
 def markdown(route: str, names: Iterable[str] | None = None) -> list[str]:
     """The docs table of ``route``: each field (``names``, default the
     table's own), the stage kinds that honour it, and how, or why none does.
-    A name the table does not list is refused (``check_fields``)."""
+    A field of a request model that the table does not list is refused
+    (``check_fields``)."""
     table, operation = ROUTES[route]
     kinds = _DOC_KINDS[route]
     lines = [

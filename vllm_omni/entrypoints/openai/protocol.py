@@ -128,7 +128,7 @@ def _unreadable_field(
 # vllm-omni's per-stage sampling parameters (``extra_body``): entry *i*
 # configures stage *i*; docs/serving.md, "Per-stage sampling parameters".
 # Entries are checked against their stage, which names the place of a
-# mistake as ``sampling_params_list[1]`` (pydantic would say ``...list.1``).
+# mistake as ``sampling_params_list.1.top_k``.
 SamplingParamsList = list[Any]
 SAMPLING_PARAMS_LIST_DESCRIPTION = (
     "vllm-omni's per-stage sampling parameters: entry i configures the stage "
@@ -171,12 +171,23 @@ class AudioOptions(BaseModel):
     format: Literal["wav"] = "wav"
 
 
+# A name that is not a field of the route is refused (``fields.py``), so the
+# request schemas say so, though the models keep such names (``extra="allow"``)
+# for that check to name them.
+_NO_OTHER_FIELDS = ConfigDict(json_schema_extra={"additionalProperties": False})
+
+
 class ChatCompletionRequest(JsonTypesFirst, UpstreamChatCompletionRequest):
     """Upstream's chat request, plus the fields vLLM-Omni adds."""
+
+    model_config = _NO_OTHER_FIELDS
 
     # Upstream caches its field names per class (extras logging): ours.
     field_names: ClassVar[set[str] | None] = None
 
+    # The OpenAI API's end-user id, which upstream's model lacks (``user``'s
+    # successor there): accepted, as ``user`` is.
+    safety_identifier: str | None = None
     modalities: list[Literal["text", "audio"]] | None = None
     audio: AudioOptions | None = None
     # A LoRA adapter by name (``extra_body={"lora": ...}``); the stage decides.
@@ -225,6 +236,8 @@ class ChatCompletionRequest(JsonTypesFirst, UpstreamChatCompletionRequest):
 class CompletionRequest(JsonTypesFirst, UpstreamCompletionRequest):
     """Upstream's completion request, plus the fields vLLM-Omni adds."""
 
+    model_config = _NO_OTHER_FIELDS
+
     # Upstream caches its field names per class (extras logging): ours.
     field_names: ClassVar[set[str] | None] = None
 
@@ -236,11 +249,23 @@ class CompletionRequest(JsonTypesFirst, UpstreamCompletionRequest):
 # -- speech ------------------------------------------------------------------------
 
 
+def _speech_schema(schema: dict[str, Any]) -> None:
+    """No other field; ``speaker``, the voice's alias, is one of the body's
+    (pydantic's schema names an alias field by its first alias only)."""
+    schema["additionalProperties"] = False
+    schema["properties"]["speaker"] = {
+        "type": "string",
+        "title": "Speaker",
+        "description": "vllm-omni's name for voice (one of them may be given).",
+    }
+
+
 class SpeechRequest(BaseModel):
     """OpenAI's speech request; every field is honoured or refused
-    (``fields.py``), other fields are vendor extras (accepted, logged)."""
+    (``fields.py``); any other name is refused there, as not a field of the
+    route (``extra="allow"`` keeps it for that check)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra=_speech_schema)
 
     model: str | None = None
     input: str = Field(min_length=1, max_length=4096)
@@ -301,9 +326,10 @@ OutputFormat = Literal["png", "jpeg", "webp"]
 class ImageGenerationRequest(BaseModel):
     """OpenAI's image generation request; every field is honoured or refused
     (``fields.py``), values outside the API's domain are a 400 naming the
-    field, other fields are vendor extras (accepted, logged)."""
+    field; any other name is refused as not a field of the route
+    (``fields.py``)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", **_NO_OTHER_FIELDS)
 
     prompt: str
     model: str | None = None
@@ -312,6 +338,7 @@ class ImageGenerationRequest(BaseModel):
     seed: Int64 | None = None
     response_format: Literal["b64_json"] = "b64_json"
     user: str | None = None
+    safety_identifier: str | None = None
     quality: Quality = "auto"
     style: Literal["vivid", "natural"] | None = None
     background: Background = "auto"
@@ -432,6 +459,7 @@ VIDEO_CREATE_BODY = {
             "schema": {
                 "type": "object",
                 "required": ["prompt"],
+                "additionalProperties": False,
                 "properties": dict(
                     _JSON_FIELDS if media_type == "application/json" else _FORM_FIELDS
                 ),

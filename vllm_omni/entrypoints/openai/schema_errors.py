@@ -123,10 +123,9 @@ def _extra_name(kind: Any) -> str | None:
 
 
 def _parameter(path: Iterable[str | int]) -> str:
-    text = ""
-    for step in path:
-        text += f"[{step}]" if isinstance(step, int) else f".{step}" if text else step
-    return text
+    """A JSON instance path as vLLM writes a ``param``: dotted, a list index
+    as a segment (``messages.0.content``)."""
+    return ".".join(str(step) for step in path)
 
 
 def _at(root: Schema, path: Iterable[str | int]) -> Any:

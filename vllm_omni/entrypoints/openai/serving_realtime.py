@@ -128,7 +128,7 @@ def _response_create(event: dict[str, Any], event_id: str | None) -> _ResponseCr
 
 def _check_entries(engine: AsyncOmni, entries: Any) -> None:
     """The per-stage list checked before the response starts, its mistakes
-    named within the event (``response.sampling_params_list[1].voice``)."""
+    named within the event (``response.sampling_params_list.1.voice``)."""
     try:
         per_stage_params(engine.config.stages, entries)
     except VLLMValidationError as exc:
@@ -211,7 +211,6 @@ class RealtimeSession:
                 event["response"],
                 [stage for stage in stages if stage is not None],
                 prefix="response.",
-                known_only=True,
             )
             if request.sampling_params_list is not None:
                 _check_entries(self._engine, request.sampling_params_list)

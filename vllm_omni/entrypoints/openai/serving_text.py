@@ -3,7 +3,7 @@
 
 Owns the steps between a validated request and the engine, the same for
 both APIs but for their order of checks: which stage honours the request,
-refusing what it does not honour and logging vendor extras, the parameters
+refusing what it does not honour or know, the parameters
 the stage reads; then the answer, whole or as an SSE stream whose first
 output is awaited before the 200 goes out (docs/design.md §4). How each API words
 its choices is one small class each (``_Chat``, ``_Completion``).
@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
-from vllm_omni.entrypoints.openai.fields import check_fields, log_ignored
+from vllm_omni.entrypoints.openai.fields import check_fields
 from vllm_omni.entrypoints.openai.openapi import check_body
 from vllm_omni.entrypoints.openai.protocol import (
     ROLES,
@@ -107,14 +107,13 @@ def _checked_stage(
     request: Request, engine: AsyncOmni, route: str, body: TextRequest
 ) -> StageConfig:
     """The stage that generates the text (``text`` or ``vllm``), or a 503;
-    the fields it does not honour refused, the vendor extras logged."""
+    the fields it does not honour (or does not know) refused."""
     stage = engine.stage_for("text")
     if stage is None:
         raise OmniServiceUnavailableError(
             "The pipeline has no text stage; this route is unavailable."
         )
     check_fields(route, body, [stage])
-    log_ignored(request_id_of(request), (body.model_extra or {}).keys())
     return stage
 
 
@@ -130,7 +129,7 @@ def _chat_prompt(messages: list[Any], stage: StageConfig | None) -> str:
         if role not in ROLES:
             raise VLLMValidationError(
                 f"role must be one of {', '.join(ROLES)}",
-                parameter=f"messages[{i}].role",
+                parameter=f"messages.{i}.role",
             )
         content = message.get("content")
         if isinstance(content, str):
@@ -145,7 +144,7 @@ def _chat_prompt(messages: list[Any], stage: StageConfig | None) -> str:
                 )
                 raise VLLMValidationError(
                     f"non-text content is not supported {where}",
-                    parameter=f"messages[{i}].content[{j}]",
+                    parameter=f"messages.{i}.content.{j}",
                 )
     prompt = "\n".join(p for p in parts if p)
     if not prompt.strip():
@@ -226,8 +225,8 @@ def _stage_params(
 
 def _upstream_json(raw: dict[str, Any], model: type[BaseModel]) -> str:
     """The fields of the client's JSON that upstream's ``model`` defines, as
-    JSON for a ``vllm`` stage to read with that model (vendor extras and
-    vLLM-Omni's own fields stay behind)."""
+    JSON for a ``vllm`` stage to read with that model (the OpenAI API's
+    fields upstream lacks and vLLM-Omni's own stay behind)."""
     names = set(model.model_fields) | {
         field.alias for field in model.model_fields.values() if field.alias
     }

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 
-from vllm_omni.entrypoints.openai.fields import VIDEOS, check_fields, log_ignored
+from vllm_omni.entrypoints.openai.fields import check_fields
 from vllm_omni.entrypoints.openai.openapi import check_body
 from vllm_omni.entrypoints.openai.protocol import (
     FORM_TYPES,
@@ -26,7 +26,6 @@ from vllm_omni.entrypoints.openai.protocol import (
 )
 from vllm_omni.entrypoints.openai.serving_common import (
     check_model,
-    request_id_of,
     require_modality,
 )
 from vllm_omni.entrypoints.sampling_params_list import (
@@ -72,8 +71,7 @@ async def read_create(request: Request, engine: AsyncOmni) -> VideoCreate:
     size = _size(fields)
     stage = engine.stage_for("video")
     given = {name: value for name, value in fields.items() if not _default(name, value)}
-    check_fields("videos", given, [stage] if stage else [], known_only=True)
-    log_ignored(request_id_of(request), (name for name in fields if name not in VIDEOS))
+    check_fields("videos", given, [stage] if stage else [])
     size = _width_and_height(fields) or size
     # The video stage's ranges, before a job exists.
     await check_body(request, "videos", fields, media_type)

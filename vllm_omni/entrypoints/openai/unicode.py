@@ -4,7 +4,7 @@
 router, so it runs for every route, HTTP and WebSocket, present and future,
 before the route's own code and before request validation: a lone surrogate
 (``vllm_omni.errors.text``) in a header, a query or path parameter, a JSON
-body (values and field names, vendor extras included) or a form (fields,
+body (values and field names, unknown fields included) or a form (fields,
 field names and file names) is a 400 ``BadRequestError`` whose ``param``
 names the field. No such string reaches a route, a stage, the job store or a
 log line. One exception keeps upstream's order of checks: a top-level

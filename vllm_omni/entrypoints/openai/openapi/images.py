@@ -79,12 +79,17 @@ def narrow_image_edits(doc: Schema, pipeline: Pipeline) -> None:
         },
     }
     narrow_fields(schema, "image_edits", pipeline.stages["image"], domains, form=True)
+    schema["additionalProperties"] = False  # any other name is refused (fields.py)
     # FastAPI reads an empty form field as absent: the field's default.
     required = set(schema.get("required", ()))
     properties = schema["properties"]
     rules = ROUTES["image_edits"][0]
     for name, narrowed in properties.items():
         if name not in required:
+            # A form field is text, never null: absent is its default.
+            if isinstance(narrowed, dict) and "anyOf" in narrowed:
+                kept = [s for s in narrowed["anyOf"] if s != {"type": "null"}]
+                narrowed = {**narrowed, "anyOf": kept} if kept else narrowed
             empty: Schema = {"const": ""}
             if narrowed is False and name in rules:
                 # Refused, and without a default: only the empty field.

@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from vllm_omni.entrypoints.openai.fields import check_fields, log_ignored
+from vllm_omni.entrypoints.openai.fields import check_fields
 from vllm_omni.entrypoints.openai.openapi import check_body
 from vllm_omni.entrypoints.openai.protocol import SpeechRequest
 from vllm_omni.entrypoints.openai.serving_common import (
@@ -41,7 +41,6 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
     require_modality(engine, "audio")
     talker = engine.stage_for("audio")
     check_fields("speech", body, [talker] if talker else [])
-    log_ignored(request_id_of(request), (body.model_extra or {}).keys())
     await check_body(request, "speech", await request.json())
     params: dict[str, Any] = {"voice": body.voice}
     if body.speed is not None:

@@ -24,7 +24,6 @@ from vllm_omni.entrypoints.openai.fields import (
     IMAGE_EDITS,
     IMAGE_EDITS_030,
     check_fields,
-    log_ignored,
 )
 from vllm_omni.entrypoints.openai.openapi import check_body
 from vllm_omni.entrypoints.openai.protocol import (
@@ -94,7 +93,6 @@ async def generate_images(
     require_modality(engine, "image")
     check_prompt(request, body.prompt, "prompt")
     check_fields("image_generations", body, _image_stages(engine))
-    log_ignored(request_id_of(request), (body.model_extra or {}).keys())
     await check_body(request, "image_generations", await request.json())
     params: dict[str, Any] = {"n": body.n, "size": body.size}
     if body.seed is not None:
@@ -114,6 +112,7 @@ async def edit_images(
     size: str = Form("256x256"),
     response_format: Literal["b64_json"] = Form("b64_json"),
     user: str | None = Form(None),
+    safety_identifier: str | None = Form(None),
     quality: Annotated[Quality, Form()] = "auto",
     background: Annotated[Background, Form()] = "auto",
     output_format: Annotated[OutputFormat, Form()] = "png",
@@ -164,16 +163,16 @@ async def edit_images(
         "partial_images": partial_images,
         "mask": mask,
         "seed": seed,
-        # The rest as the form gave them (an empty field is absent).
+        # The rest as the form gave them (an empty field is absent), and
+        # every name that is not a field of this route (refused).
         **{
             name: value
             for name, value in form.multi_items()
-            if name in IMAGE_EDITS_030 and value != ""
+            if (name in IMAGE_EDITS_030 and value != "") or name not in IMAGE_EDITS
         },
     }
     stages = _image_stages(engine)
-    check_fields("image_edits", given, stages, known_only=True)
-    log_ignored(request_id_of(request), (k for k in form if k not in IMAGE_EDITS))
+    check_fields("image_edits", given, stages)
     limits = limits_of(request)
     data = await image.read(limits.max_image_bytes + 1)
     if len(data) > limits.max_image_bytes:

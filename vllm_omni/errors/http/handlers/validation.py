@@ -1,19 +1,24 @@
 """Request validation failures: a 400 naming the first offending field.
 
 Owns turning pydantic's errors into one ``VLLMValidationError`` whose
-``param`` is the field (the shared field when every member of a union
-failed) and whose message lists at most a few errors. Must never echo the
+``param`` is the field, written as vLLM writes it (``messages.0.content``:
+no union member, no pydantic marker), and whose message lists at most a
+few distinct errors. Must never echo the
 client's input. Runs inside ``ExceptionMiddleware``.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from starlette.responses import Response
+from vllm.entrypoints.serve.exception_handling.handlers.validation import (
+    clean_loc_for_param,
+)
 
 from vllm_omni.errors.http.reporting import details_for_exception, error_mode
 from vllm_omni.errors.http.request_ids import request_id_of
@@ -24,6 +29,9 @@ from vllm_omni.errors.types import VLLMValidationError
 __all__ = ["handle_validation_error"]
 
 _MAX_VALIDATION_ITEMS = 5
+# A union member's name in a location: a class name (CamelCase), which no
+# field of the OpenAI API is.
+_CLASS = re.compile(r"[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)*")
 
 
 def _validation_exception(exc: RequestValidationError) -> VLLMValidationError:
@@ -31,38 +39,44 @@ def _validation_exception(exc: RequestValidationError) -> VLLMValidationError:
     errors = exc.errors()
     parameter: str | None = None
     parts: list[str] = []
-    # A value that matches no member of a union fails once per member
-    # (``stop.str``, ``stop.list[str]``): the field is what they share.
-    shared = _shared_location(errors) if len(errors) > 1 else []
-    if shared:
-        parameter = sanitize_parameter(".".join(shared))
-    for error in errors[:_MAX_VALIDATION_ITEMS]:
+    for error in errors:
         ctx_error = (error.get("ctx") or {}).get("error")
-        if parameter is None and isinstance(ctx_error, VLLMValidationError):
-            parameter = ctx_error.parameter
-        loc = [str(p) for p in error.get("loc", ()) if p != "body"]
         # A JSON syntax error's location is a byte offset, not a field.
-        field = "body" if error.get("type") == "json_invalid" else ".".join(loc)
-        field = field or "body"
+        field = (
+            "body"
+            if error.get("type") == "json_invalid"
+            else _field_path(error.get("loc", ()))
+        )
         if parameter is None:
-            parameter = sanitize_parameter(field)
-        parts.append(f"{field}: {error.get('msg', 'invalid value')}")
-    if len(errors) > _MAX_VALIDATION_ITEMS:
-        parts.append(f"and {len(errors) - _MAX_VALIDATION_ITEMS} more")
-    message = "Invalid request: " + "; ".join(parts) if parts else "Invalid request."
+            if isinstance(ctx_error, VLLMValidationError):
+                parameter = ctx_error.parameter
+            else:
+                parameter = sanitize_parameter(field)
+        # A union's members fail the same field the same way: said once.
+        part = f"{field}: {error.get('msg', 'invalid value')}"
+        if part not in parts:
+            parts.append(part)
+    shown = parts[:_MAX_VALIDATION_ITEMS]
+    if len(parts) > _MAX_VALIDATION_ITEMS:
+        shown.append(f"and {len(parts) - _MAX_VALIDATION_ITEMS} more")
+    message = "Invalid request: " + "; ".join(shown) if shown else "Invalid request."
     return VLLMValidationError(message, parameter=parameter)
 
 
-def _shared_location(errors: Sequence[Any]) -> list[str]:
-    """The field whose union members all failed: every error's location is
-    that field plus one member name; otherwise nothing."""
-    locations = [
-        tuple(str(p) for p in error.get("loc", ()) if p != "body") for error in errors
-    ]
-    fields = {location[:-1] for location in locations}
-    if len(fields) != 1 or not all(len(location) >= 2 for location in locations):
-        return []
-    return list(next(iter(fields)))
+def _field_path(loc: Sequence[Any]) -> str:
+    """pydantic's error location as the field's path, as vLLM writes a
+    ``param``: dotted, a list index as a segment (``messages.0.content``),
+    without vLLM's leading ``body``. vLLM's ``clean_loc_for_param`` drops
+    pydantic's internal markers (``str``, ``list[str]``,
+    ``function-wrap[...]``); a union member's class name
+    (``ChatCompletionDeveloperMessageParam``) is no field either, so it goes
+    too."""
+    kept = tuple(
+        part
+        for part in loc
+        if part != "body" and not (isinstance(part, str) and _CLASS.fullmatch(part))
+    )
+    return clean_loc_for_param(kept) if kept else "body"
 
 
 async def handle_validation_error(
