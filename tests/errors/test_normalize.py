@@ -5,6 +5,8 @@ the invariants of every record ``normalize`` returns for any exception."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import importlib.util
 import json
 import re
 from collections.abc import Callable
@@ -13,21 +15,20 @@ from typing import Any
 
 import msgspec
 import pytest
+import vllm
+import vllm.outputs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from vllm.entrypoints.serve.exception_handling.error_response import (
     create_error_response,
 )
 from vllm.exceptions import (
-    ChatTemplateResolutionError,
     LoRAAdapterNotFoundError,
     MaxQueuedTokensError,
-    ProfilerAlreadyActiveError,
     QueueOverflowError,
-    RetryableRequestError,
 )
-from vllm.outputs import RequestError
 
+from tests.errors.upstream_since import lacks, newer
 from vllm_omni.errors import (
     EngineDeadError,
     EngineGenerateError,
@@ -59,7 +60,7 @@ from vllm_omni.errors import (
     sanitize_message,
     to_exception,
 )
-from vllm_omni.errors.types import REMOTE_TYPES
+from vllm_omni.errors.types import ENGINE_DEAD_CLIENT_MESSAGE, REMOTE_TYPES
 
 GENERIC = "The server had an error while processing your request."
 PARAMETER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\[\]-]{0,127}$")
@@ -81,6 +82,24 @@ class Case:
     parameter: str | None = None
     fatal: bool = False
     stage_id: int | None = None
+
+
+# Upstream classes only newer vLLM releases define (UPSTREAM_SINCE): the
+# class, or a maker that skips its case where the installed vLLM lacks it.
+def _newer(name: str) -> Callable[..., BaseException]:
+    found = newer(name)
+    if found is not None:
+        return found
+
+    def missing(*args: object) -> BaseException:
+        pytest.skip(lacks(name))
+
+    return missing
+
+
+ChatTemplateResolutionError = _newer("ChatTemplateResolutionError")
+ProfilerAlreadyActiveError = _newer("ProfilerAlreadyActiveError")
+RetryableRequestError = _newer("RetryableRequestError")
 
 
 UPSTREAM_CASES: list[Case] = [
@@ -350,8 +369,11 @@ def test_ids_are_attached(case: Case) -> None:
 # Where the design (docs/design.md §2) deliberately differs from upstream's
 # message (status, type and param always agree): validation errors never show
 # the rejected value, and a VLLMError that is neither client nor server shows
-# the generic message.
-_OWN_MESSAGE_POLICY = {"validation", "unprocessable", "bare-vllm"}
+# the generic message. Before vLLM 0.33 (no ``EngineDeadError.CLIENT_MESSAGE``)
+# upstream sent a dead engine's log text; the generic message stands in.
+_OWN_MESSAGE_POLICY = {"validation", "unprocessable", "bare-vllm"} | (
+    set() if hasattr(EngineDeadError, "CLIENT_MESSAGE") else {"engine-dead"}
+)
 
 
 @pytest.mark.parametrize("case", UPSTREAM_CASES, ids=lambda c: c.id)
@@ -368,8 +390,14 @@ def test_agrees_with_upstream_create_error_response(case: Case) -> None:
 
 
 def test_engine_dead_message_is_the_client_message_in_both() -> None:
-    assert normalize(EngineDeadError()).message == EngineDeadError.CLIENT_MESSAGE
-    assert create_error_response(EngineDeadError()).error.message == GENERIC
+    assert normalize(EngineDeadError()).message == ENGINE_DEAD_CLIENT_MESSAGE
+    assert ENGINE_DEAD_CLIENT_MESSAGE == GENERIC
+    upstream = create_error_response(EngineDeadError()).error.message
+    if hasattr(EngineDeadError, "CLIENT_MESSAGE"):  # vLLM 0.33+
+        assert EngineDeadError.CLIENT_MESSAGE is ENGINE_DEAD_CLIENT_MESSAGE
+        assert upstream == GENERIC
+    else:  # upstream sent its log text; ours never does
+        assert upstream == str(EngineDeadError()) != GENERIC
 
 
 # -- what never leaves ---------------------------------------------------------
@@ -643,40 +671,67 @@ def test_a_client_record_with_503_cannot_exist() -> None:
 # -- vllm.outputs.RequestError ----------------------------------------------------
 
 
+# vLLM 0.32+; an older engine reports no per-request error (nothing to read).
+RequestError: Any = getattr(vllm.outputs, "RequestError", None)
+needs_request_error = pytest.mark.skipif(
+    RequestError is None,
+    reason=f"vLLM {vllm.__version__} has no vllm.outputs.RequestError "
+    "(added in vLLM 0.32)",
+)
+# vLLM 0.33+: a RequestError names its exception (``to_exception``), and a
+# ``validation_error`` code is the client's; 0.32's has neither.
+needs_to_exception = pytest.mark.skipif(
+    not hasattr(RequestError, "to_exception"),
+    reason=f"vLLM {vllm.__version__} has no RequestError.to_exception "
+    "(added in vLLM 0.33)",
+)
+
+
 @pytest.mark.parametrize(
-    ("error", "expected"),
+    ("make", "expected"),
     [
-        (
-            RequestError(code="validation_error", message="prompt is too long"),
+        pytest.param(
+            lambda: RequestError(code="validation_error", message="prompt is too long"),
             OmniErrorDetails(
                 "prompt is too long", "client", 400, "BadRequestError", request_id="r"
             ),
+            id="validation",
+            marks=[needs_request_error, needs_to_exception],
         ),
-        (
-            RequestError(code="kv_load_failed", message="try again", retryable=True),
+        pytest.param(
+            lambda: RequestError(
+                code="kv_load_failed", message="try again", retryable=True
+            ),
             OmniErrorDetails(
                 "try again", "server", 503, "ServiceUnavailableError", request_id="r"
             ),
+            id="retryable",
+            marks=needs_request_error,
         ),
-        (
-            RequestError(code="kv_load_failed", message="KV load failed"),
+        pytest.param(
+            lambda: RequestError(code="kv_load_failed", message="KV load failed"),
             OmniErrorDetails(
                 "KV load failed", "server", 500, "InternalServerError", request_id="r"
             ),
+            id="other",
+            marks=needs_request_error,
         ),
-        (
-            object(),
+        pytest.param(
+            object,
             OmniErrorDetails(
                 GENERIC, "server", 500, "InternalServerError", request_id="r"
             ),
+            id="malformed",
         ),
     ],
-    ids=["validation", "retryable", "other", "malformed"],
 )
-def test_from_request_error(error: Any, expected: OmniErrorDetails) -> None:
-    assert from_request_error(error, request_id="r") == expected
+def test_from_request_error(
+    make: Callable[[], Any], expected: OmniErrorDetails
+) -> None:
+    assert from_request_error(make(), request_id="r") == expected
 
 
+@needs_request_error
 def test_from_request_error_keeps_the_stage() -> None:
     error = RequestError(code="internal", message="boom")
     assert from_request_error(error, stage_id=2).stage_id == 2
@@ -752,13 +807,19 @@ EXCEPTION_TYPES: list[type[BaseException]] = [
     VLLMNotFoundError,
     VLLMUnprocessableEntityError,
     LoRAAdapterNotFoundError,
-    ChatTemplateResolutionError,
+    *(
+        cls
+        for name in (
+            "ChatTemplateResolutionError",
+            "RetryableRequestError",
+            "ProfilerAlreadyActiveError",
+        )
+        if (cls := newer(name)) is not None
+    ),
     GenerationError,
-    RetryableRequestError,
     GracefulHTTPError,
     QueueOverflowError,
     MaxQueuedTokensError,
-    ProfilerAlreadyActiveError,
     EngineGenerateError,
     EngineDeadError,
     GuardrailViolationError,
@@ -968,3 +1029,50 @@ def test_unhashable_exception_class_is_an_unknown_server_error() -> None:
     details = normalize(Odd("/home/alice"), mode="legacy")
     assert (details.status_code, details.error_type) == (500, "InternalServerError")
     assert details.message == "The server had an error while processing your request."
+
+
+@pytest.mark.skipif(
+    newer("ChatTemplateResolutionError") is not None,
+    reason="vLLM 0.33+ defines it in vllm.exceptions: the chat-template case",
+)
+def test_chat_template_error_before_0_33_is_a_raw_value_error() -> None:
+    """Before vLLM 0.33 it is a ``ValueError`` of ``vllm.entrypoints.chat_utils``
+    (0.32: ``vllm.renderers.chat_utils``; docs/errors/status-mapping.md, "Older
+    vLLM releases"): unknown in strict mode, upstream's 400 in legacy mode."""
+    module = next(
+        name
+        for name in ("vllm.renderers.chat_utils", "vllm.entrypoints.chat_utils")
+        if importlib.util.find_spec(name) is not None
+    )
+    older = importlib.import_module(module).ChatTemplateResolutionError
+    exc = older("No chat template is defined")
+    assert isinstance(exc, ValueError) and not isinstance(exc, VLLMError)
+    assert normalize(exc) == OmniErrorDetails(
+        GENERIC, "server", 500, "InternalServerError"
+    )
+    legacy = normalize(exc, mode="legacy")
+    upstream = create_error_response(exc).error
+    assert (legacy.status_code, legacy.error_type, legacy.message) == (
+        upstream.code,
+        upstream.type,
+        upstream.message,
+    )
+    assert legacy.status_code == 400 and legacy.error_type == "BadRequestError"
+
+
+@pytest.mark.skipif(
+    RequestError is None or hasattr(RequestError, "to_exception"),
+    reason="vLLM 0.32's RequestError only (no to_exception); installed: "
+    f"vLLM {vllm.__version__}",
+)
+def test_a_0_32_request_error_is_read_as_its_servers_read_it() -> None:
+    """0.32's servers raise ``RetryableRequestError`` for a retryable
+    ``RequestError``, else ``GenerationError``, whatever its code."""
+    error = RequestError(code="validation_error", message="too long")
+    assert from_request_error(error) == OmniErrorDetails(
+        "too long", "server", 500, "InternalServerError"
+    )
+    retry = RequestError(code="multimodal_cache_miss", message="miss", retryable=True)
+    assert from_request_error(retry, stage_id=3) == OmniErrorDetails(
+        "miss", "server", 503, "ServiceUnavailableError", stage_id=3
+    )

@@ -21,9 +21,9 @@ from vllm.exceptions import (
     LoRAAdapterNotFoundError,
     MaxQueuedTokensError,
     QueueOverflowError,
-    RetryableRequestError,
 )
 
+from tests.errors.upstream_since import newer
 from vllm_omni import errors
 from vllm_omni.errors import (
     EngineDeadError,
@@ -101,7 +101,12 @@ FACTORIES: dict[str, Callable[[], BaseException]] = {
         remote.__name__: _remote(*key)  # type: ignore[misc]
         for key, remote in REMOTE_TYPES.items()
     },
-    "RetryableRequestError": lambda: RetryableRequestError(),
+    # vLLM 0.32+ (tests.errors.upstream_since): only where it is defined.
+    **(
+        {}
+        if (RetryableRequestError := newer("RetryableRequestError")) is None
+        else {"RetryableRequestError": RetryableRequestError}
+    ),
     "LoRAAdapterNotFoundError": lambda: LoRAAdapterNotFoundError("a", "/x"),
     # Upstream types that do not survive pickle (UNPICKLABLE_UPSTREAM).
     "EngineDeadError": lambda: EngineDeadError(),

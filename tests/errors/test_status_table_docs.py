@@ -3,8 +3,9 @@ code: every row of ``STATUS_TABLE`` and ``LEGACY_FALLBACKS`` (class, origin,
 parent, status, public type, param, owner, message policy, retry guidance),
 every upstream or Omni subclass that inherits a row, the framework statuses
 and the retry rule. A row added, removed, reordered or changed on either side
-fails here. Rows marked *vLLM 0.34+* (``UPSTREAM_SINCE``) are compared where
-the installed vLLM defines their class and must be there either way."""
+fails here. Rows marked *vLLM X+* (``UPSTREAM_SINCE``: 0.32, 0.33, 0.34) are
+compared where the installed vLLM defines their class and must be there
+either way."""
 
 from __future__ import annotations
 
@@ -439,3 +440,28 @@ def test_no_upstream_subclass_is_outside_the_documented_modules() -> None:
     assert outside == {}, "document these modules' classes (DOCUMENTED_MODULES)"
     found = {cls.__name__ for cls in _documented_subclasses()}
     assert family - {"VLLMError"} <= found
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split(".")[:2])
+
+
+def test_older_releases_table() -> None:
+    """Every ``UPSTREAM_SINCE`` name is in "Older vLLM releases" with its
+    release, and is defined (and has its row) exactly where the installed
+    vLLM is that release or newer."""
+    header, body = _markdown_table("## Older vLLM releases")
+    assert header == ["Upstream name", "Since", "Before it", "What stands in"]
+    documented = {
+        re.match(r"`(\w+)", cells[0]).group(1): cells[1]  # type: ignore[union-attr]
+        for cells in body
+        if cells[0].endswith("(`vllm.exceptions`)")
+    }
+    assert documented == UPSTREAM_SINCE
+    installed = _release(importlib.import_module("vllm").__version__)
+    rows = {row.exc_type.__name__ for row in STATUS_TABLE}
+    for name, since in UPSTREAM_SINCE.items():
+        present = installed >= _release(since)
+        assert _installed(name) is present, name
+        if name in ("RetryableRequestError", "EngineFaultedError"):
+            assert (name in rows) is present, name

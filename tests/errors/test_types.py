@@ -27,6 +27,7 @@ from vllm_omni.errors import (
     VLLMServerError,
     normalize,
 )
+from vllm_omni.errors.types import ENGINE_DEAD_MESSAGE
 
 # -- re-exports ----------------------------------------------------------------
 
@@ -117,7 +118,11 @@ def test_engine_dead_error_keeps_log_text_and_client_message() -> None:
     assert exc.CLIENT_MESSAGE == (
         "The server had an error while processing your request."
     )
-    assert str(OmniEngineDeadError()) == EngineDeadError.ENGINE_DEAD_MESSAGE
+    assert str(OmniEngineDeadError()) == ENGINE_DEAD_MESSAGE == str(EngineDeadError())
+    # vLLM 0.33+ names both texts on its class; before, they stand in here.
+    if hasattr(EngineDeadError, "CLIENT_MESSAGE"):
+        assert EngineDeadError.ENGINE_DEAD_MESSAGE is ENGINE_DEAD_MESSAGE
+        assert EngineDeadError.CLIENT_MESSAGE is exc.CLIENT_MESSAGE
     assert OmniEngineDeadError(suppress_context=True).__suppress_context__ is True
 
 

@@ -69,13 +69,13 @@ _LAZY: dict[str, str] = {
     "raise_client_error_or": "vllm_omni.errors.compat",
 }
 
-# Names that exist only where the installed vLLM defines their class (vLLM
-# 0.34+, ``types.UPSTREAM_SINCE``): resolved like the rest, an AttributeError
-# on an older vLLM, and left out of ``__all__``, which cannot know without
-# importing vLLM.
+# Names that exist only where the installed vLLM defines their class
+# (``types.UPSTREAM_SINCE``), by the upstream class each needs: resolved like
+# the rest, an AttributeError on an older vLLM, and left out of ``__all__``,
+# which cannot know without importing vLLM.
 _NEWER_UPSTREAM: dict[str, str] = {
-    "EngineFaultedError": _TYPES,
-    "RemoteEngineFaultedError": _TYPES,
+    "EngineFaultedError": "EngineFaultedError",
+    "RemoteEngineFaultedError": "EngineFaultedError",
 }
 
 if TYPE_CHECKING:
@@ -157,15 +157,17 @@ def __getattr__(name: str) -> Any:
                 stacklevel=2,
             )
         return getattr(importlib.import_module("vllm_omni.errors.compat"), name)
-    module = _LAZY.get(name) or _NEWER_UPSTREAM.get(name)
+    module = _LAZY.get(name) or (_TYPES if name in _NEWER_UPSTREAM else None)
     if module is None:
         raise AttributeError(f"module 'vllm_omni.errors' has no attribute {name!r}")
+    loaded = importlib.import_module(module)
     try:
-        value = getattr(importlib.import_module(module), name)
+        value = getattr(loaded, name)
     except AttributeError:
+        since = loaded.UPSTREAM_SINCE[_NEWER_UPSTREAM[name]]
         raise AttributeError(
             f"module 'vllm_omni.errors' has no attribute {name!r}: the installed "
-            "vLLM does not define it (vLLM 0.34+)"
+            f"vLLM does not define it (vLLM {since}+)"
         ) from None
     globals()[name] = value
     return value

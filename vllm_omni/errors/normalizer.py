@@ -42,7 +42,9 @@ from vllm_omni.errors.types import (
     ENGINE_FAULTED,
     GRACEFUL_REBUILDS,
     REMOTE_TYPES,
+    RETRYABLE_REQUEST,
     UNPICKLABLE_UPSTREAM,
+    GenerationError,
     OmniClientError,
     OmniEngineDeadError,
     OmniEngineGenerateError,
@@ -354,9 +356,28 @@ def fatal_reason(exc: BaseException) -> str:
 def from_request_error(
     error: Any, *, request_id: str | None = None, stage_id: int | None = None
 ) -> OmniErrorDetails:
-    """Record for upstream ``vllm.outputs.RequestError`` (a per-request failure)."""
+    """Record for upstream ``vllm.outputs.RequestError`` (a per-request failure).
+
+    vLLM 0.33+ says which exception it stands for (``to_exception()``).
+    0.32's has no such method; its servers raise ``RetryableRequestError`` for
+    a retryable one, else ``GenerationError``, and so does this. Before 0.32
+    there is no ``RequestError``.
+    """
+    malformed = RuntimeError("malformed RequestError")
     try:
-        exc = error.to_exception()
+        to_exception = getattr(error, "to_exception", None)
+        if to_exception is not None:
+            exc = to_exception()
+        else:
+            message, retryable = error.message, error.retryable
+            if not isinstance(message, str) or not isinstance(retryable, bool):
+                exc = malformed
+            elif retryable and RETRYABLE_REQUEST is not None:
+                exc = RETRYABLE_REQUEST(message)
+            else:
+                exc = GenerationError(message)
     except Exception:
-        return normalize(RuntimeError("malformed RequestError"), request_id=request_id)
+        exc = malformed
+    if exc is malformed:
+        return normalize(malformed, request_id=request_id)
     return normalize(exc, request_id=request_id, stage_id=stage_id)

@@ -11,7 +11,9 @@ parent's row.
 Statuses of Omni types are read from the classes themselves
 (``status_code`` / ``error_type`` class data), so a number lives in one place.
 A row for an upstream class that only newer vLLM releases define
-(``UPSTREAM_SINCE``) is in the table only where the installed vLLM has it.
+(``UPSTREAM_SINCE``: ``RetryableRequestError`` 0.32, ``EngineFaultedError``
+0.34) is in the table only where the installed vLLM has it; elsewhere its
+upstream parent's row stands in.
 """
 
 from __future__ import annotations
@@ -21,14 +23,13 @@ from functools import cache
 from http import HTTPStatus
 from typing import Literal
 
-from vllm.exceptions import RetryableRequestError
-
 # HTTP_STATUS_TYPES is re-exported: the framework handler and the docs test
 # read it from here, beside the table.
 from vllm_omni.errors.details import HTTP_STATUS_TYPES as HTTP_STATUS_TYPES
 from vllm_omni.errors.details import default_type
 from vllm_omni.errors.types import (
     ENGINE_FAULTED,
+    RETRYABLE_REQUEST,
     EngineDeadError,
     EngineGenerateError,
     GenerationError,
@@ -54,7 +55,8 @@ Category = Literal["client", "server"]
 # How a row's public message is chosen:
 #   own      – the exception's own (sanitized) text; it was raised on purpose
 #   generic  – GENERIC_SERVER_MESSAGE; the real text goes to the server log
-#   fixed    – the class's CLIENT_MESSAGE (EngineDeadError)
+#   fixed    – the class's CLIENT_MESSAGE (EngineDeadError; before vLLM 0.33,
+#              which has none, GENERIC_SERVER_MESSAGE, the same sentence)
 MessagePolicy = Literal["own", "generic", "fixed"]
 
 
@@ -122,6 +124,22 @@ _FAULTED_ROWS: tuple[StatusRow, ...] = (
     )
 )
 
+# vLLM 0.32+: RetryableRequestError is a GenerationError whose instances carry
+# 503 and whose public type differs from its parent's.
+_RETRYABLE_ROWS: tuple[StatusRow, ...] = (
+    ()
+    if RETRYABLE_REQUEST is None
+    else (
+        StatusRow(
+            RETRYABLE_REQUEST,
+            "server",
+            503,
+            "ServiceUnavailableError",
+            status_attr="status_code",
+        ),
+    )
+)
+
 STATUS_TABLE: tuple[StatusRow, ...] = (
     # -- client (upstream) ----------------------------------------------------
     StatusRow(
@@ -159,15 +177,7 @@ STATUS_TABLE: tuple[StatusRow, ...] = (
         type_attr="error_type",
     ),
     # -- server (upstream) ----------------------------------------------------
-    # RetryableRequestError is a GenerationError whose instances carry 503 and
-    # whose public type differs from its parent's.
-    StatusRow(
-        RetryableRequestError,
-        "server",
-        503,
-        "ServiceUnavailableError",
-        status_attr="status_code",
-    ),
+    *_RETRYABLE_ROWS,
     StatusRow(
         GenerationError, "server", 500, "InternalServerError", status_attr="status_code"
     ),

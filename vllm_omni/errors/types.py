@@ -23,9 +23,16 @@ The tree (status and public ``error.type`` in brackets)::
     └── GracefulHTTPError                       [its own status]
         └── EngineFaultedError                  [503 ServiceUnavailableError] 0.34+
 
-``EngineFaultedError`` exists only where the installed vLLM defines it
-(0.34 and later): on 0.33 the name is absent here, from the table and from
-``vllm_omni.errors`` (``UPSTREAM_SINCE`` lists such names).
+The package runs on every vLLM from 0.30 (the first with the
+``VLLMClientError``/``VLLMServerError`` split) to 0.34. Upstream classes that
+only newer releases define are listed in ``UPSTREAM_SINCE``: where the
+installed vLLM lacks one, its name is absent here, from the table and from
+``vllm_omni.errors``, and what stands in is upstream's own parent, by
+identity (docs/errors/status-mapping.md, "Older vLLM releases"):
+``EngineFaultedError`` (0.34) and ``RetryableRequestError`` (0.32) are the
+ones with rows. ``EngineDeadError``'s two texts became class attributes in
+0.33; ``ENGINE_DEAD_MESSAGE`` and ``ENGINE_DEAD_CLIENT_MESSAGE`` here are
+upstream's where it has them.
 
 Each Omni type carries its status and public type as class data
 (``status_code``, ``error_type``); the status table in ``table.py`` reads them,
@@ -71,7 +78,11 @@ from vllm.exceptions import (
     VLLMValidationError,
 )
 
-from vllm_omni.errors.details import STATUS_RANGES, default_type
+from vllm_omni.errors.details import (
+    GENERIC_SERVER_MESSAGE,
+    STATUS_RANGES,
+    default_type,
+)
 from vllm_omni.upstream import engine_exceptions
 
 if TYPE_CHECKING:
@@ -84,9 +95,12 @@ else:
     EngineGenerateError = engine_exceptions().EngineGenerateError
 
 __all__ = [
+    "ENGINE_DEAD_CLIENT_MESSAGE",
+    "ENGINE_DEAD_MESSAGE",
     "ENGINE_FAULTED",
     "GRACEFUL_REBUILDS",
     "REMOTE_TYPES",
+    "RETRYABLE_REQUEST",
     "UNPICKLABLE_UPSTREAM",
     "UPSTREAM_SINCE",
     "EngineDeadError",
@@ -119,6 +133,47 @@ __all__ = [
     "VLLMUnprocessableEntityError",
     "VLLMValidationError",
 ]
+
+
+# Upstream classes this project maps or documents that not every supported
+# vLLM (0.30 to 0.34) defines in ``vllm.exceptions``, and the release that
+# added each; docs/errors/status-mapping.md marks their rows "vLLM X+".
+UPSTREAM_SINCE: dict[str, str] = {
+    "RetryableRequestError": "0.32",
+    "ProfilerAlreadyActiveError": "0.32",
+    "ChatTemplateResolutionError": "0.33",
+    "EngineFaultedError": "0.34",
+}
+
+
+def upstream_class(name: str) -> type[VLLMError] | None:
+    """``vllm.exceptions.<name>`` by identity, or None where the installed
+    vLLM predates it (only for the names of ``UPSTREAM_SINCE``)."""
+    if name not in UPSTREAM_SINCE:
+        raise KeyError(f"{name} is in every supported vLLM; import it directly")
+    found = getattr(vllm.exceptions, name, None)
+    return found if isinstance(found, type) and issubclass(found, VLLMError) else None
+
+
+# vLLM 0.32+: a transient request failure (a ``GenerationError`` whose
+# instances carry 503). Before 0.32 its row is absent and nothing raises it;
+# its parent's row (``GenerationError``, status from the instance) stands in.
+RETRYABLE_REQUEST: type[GenerationError] | None = upstream_class(  # type: ignore[assignment]
+    "RetryableRequestError"
+)
+
+# ``EngineDeadError``'s log text (``str()``) and the text clients get. vLLM
+# 0.33 made both class attributes; before, the log text was only the
+# instance's message (read from an instance: upstream's own text, never
+# copied) and upstream sent clients that log text. Where upstream has no
+# ``CLIENT_MESSAGE`` the client text is ``GENERIC_SERVER_MESSAGE``, the
+# sentence 0.33 chose, so no vLLM shows clients the log text.
+ENGINE_DEAD_MESSAGE: str = getattr(EngineDeadError, "ENGINE_DEAD_MESSAGE", None) or str(
+    EngineDeadError()
+)
+ENGINE_DEAD_CLIENT_MESSAGE: str = getattr(
+    EngineDeadError, "CLIENT_MESSAGE", GENERIC_SERVER_MESSAGE
+)
 
 
 def _deprecated(what: str, instead: str) -> None:
@@ -264,8 +319,9 @@ class OmniEngineGenerateError(_StatusOnClass, EngineGenerateError):
 class OmniEngineDeadError(_StatusOnClass, EngineDeadError):
     """A stage died; the engine is unrecoverable (500, fatal, with ``stage_id``).
 
-    Clients see ``EngineDeadError.CLIENT_MESSAGE``; ``str()`` stays the
-    log-oriented upstream text, extended by the stage that died.
+    Clients see ``CLIENT_MESSAGE`` (upstream's ``EngineDeadError``'s on vLLM
+    0.33+); ``str()`` stays the log-oriented upstream text, extended by the
+    stage that died.
 
     The 0.30 form ``OmniEngineDeadError(message, error_stage_id=N)`` still
     works for one release, deprecated (one warning per call): its message
@@ -274,6 +330,9 @@ class OmniEngineDeadError(_StatusOnClass, EngineDeadError):
 
     status_code = 500
     error_type = "InternalServerError"
+    # Upstream's (0.33+), or their stand-ins on an older vLLM (see above).
+    ENGINE_DEAD_MESSAGE: ClassVar[str] = ENGINE_DEAD_MESSAGE
+    CLIENT_MESSAGE: ClassVar[str] = ENGINE_DEAD_CLIENT_MESSAGE
 
     def __init__(
         self,
@@ -465,14 +524,10 @@ class RemoteMaxQueuedTokensError(
     ``OmniServiceUnavailableError`` and an ``OmniServerError``, that pickles."""
 
 
-# Upstream classes this project maps that only newer vLLM releases define, and
-# the release that added each; docs/errors/status-mapping.md marks their rows.
-UPSTREAM_SINCE: dict[str, str] = {"EngineFaultedError": "0.34"}
-
 # vLLM 0.34's refusal while a fault-tolerant engine recovers (a 503
 # ``GracefulHTTPError`` without arguments); None where vLLM does not define it.
-ENGINE_FAULTED: type[GracefulHTTPError] | None = getattr(
-    vllm.exceptions, "EngineFaultedError", None
+ENGINE_FAULTED: type[GracefulHTTPError] | None = upstream_class(  # type: ignore[assignment]
+    "EngineFaultedError"
 )
 _REBUILDS: dict[type[GracefulHTTPError], type[_RemoteGraceful]] = {}
 

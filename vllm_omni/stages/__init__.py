@@ -1,18 +1,20 @@
 """Stage implementations and the registry that builds one from its config.
 
-Maps ``kind`` to a class, importing the stage's module lazily in the process
-that runs it (docs/runtime.md §1).
+Maps ``kind`` to a class and what each kind publishes of itself (the
+``params`` keys it reads; the values it accepts, ``ranges.py``), importing
+the stage's module lazily in the process that runs it (docs/runtime.md §1).
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from vllm_omni.config import PipelineConfig, StageConfig
     from vllm_omni.stages.base import Stage
+    from vllm_omni.stages.ranges import ParamRange
 
 __all__ = [
     "INLINE_KINDS",
@@ -23,6 +25,8 @@ __all__ = [
     "check_stage_params",
     "entry_params",
     "stage_params",
+    "stage_range",
+    "stage_ranges",
 ]
 
 STAGE_KINDS: dict[str, str] = {
@@ -98,6 +102,25 @@ def check_stage_params(kind: str, params: Mapping[str, Any]) -> None:
     """Raise what a stage of ``kind`` would raise for ``params`` alone
     (``Stage.check_params``), importing its module only then."""
     _stage_class(kind).check_params(params)
+
+
+def stage_ranges(kind: str) -> Mapping[str, ParamRange] | None:
+    """The values a stage of ``kind`` accepts per ``params`` key it checks
+    (``Stage.RANGES``), importing its module only then; ``None`` where
+    upstream checks them."""
+    return _stage_class(kind).RANGES
+
+
+R = TypeVar("R")
+
+
+def stage_range(kind: str, name: str, of: type[R]) -> R:
+    """What a stage of ``kind`` accepts for ``name``, which must be an ``of``
+    (``RuntimeError`` otherwise: the caller's reading is out of date)."""
+    value = (stage_ranges(kind) or {}).get(name)
+    if not isinstance(value, of):
+        raise RuntimeError(f"a {kind} stage publishes no {of.__name__} for {name!r}")
+    return value
 
 
 def build_stage(config: StageConfig, pipeline: PipelineConfig) -> Stage:

@@ -13,19 +13,22 @@ from typing import Any, ClassVar
 
 from vllm_omni.config import PipelineConfig, StageConfig
 from vllm_omni.errors import VLLMValidationError
+from vllm_omni.stages.ranges import SIZE_STEP, ParamRange
 from vllm_omni.wire.messages import Payload, Submit
 
 __all__ = ["SIZE_STEP", "Stage", "bounded_float", "bounded_int", "parse_size"]
 
 _SIZE_RE = re.compile(r"([0-9]{1,5})[xX]([0-9]{1,5})")
-# Each side of a size is a multiple of this.
-SIZE_STEP = 8
 
 
 class Stage(abc.ABC):
     """Base class of every stage implementation."""
 
     kind: ClassVar[str]
+    # The values it accepts for each ``params`` key it checks, published
+    # through the registry (``vllm_omni.stages.stage_ranges``); None where
+    # upstream checks them (a ``vllm`` stage's ``SamplingParams``).
+    RANGES: ClassVar[Mapping[str, ParamRange] | None] = {}
 
     def __init__(self, config: StageConfig, pipeline: PipelineConfig) -> None:
         self.config = config

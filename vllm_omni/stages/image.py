@@ -1,8 +1,8 @@
 """The reference image stage: a PNG from prompt and seed, or an edit of an input.
 
-Validates its parameters and decodes an input image only under explicit
-limits, off the event loop (docs/runtime.md §1). Rejected bytes never reach
-an error message.
+Checks ``size``, ``n`` and ``seed`` (``RANGES``) and decodes an input image
+only under explicit limits, off the event loop (docs/runtime.md §1). Rejected
+bytes never reach an error message.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from PIL import Image, UnidentifiedImageError
 
 from vllm_omni.errors import VLLMUnprocessableEntityError, VLLMValidationError
 from vllm_omni.stages.base import Stage, bounded_int, parse_size
+from vllm_omni.stages.ranges import Integers, ParamRange, Sizes
 from vllm_omni.wire.messages import Payload, Submit
 
 __all__ = [
@@ -155,6 +156,11 @@ class ImageStage(Stage):
     """Text-to-image and image edits (when ``params["image"]`` is given)."""
 
     kind: ClassVar[str] = "image"
+    RANGES: ClassVar[Mapping[str, ParamRange]] = {
+        "n": Integers(1, MAX_IMAGES),
+        "size": Sizes(*SIZE_RANGE),
+        "seed": Integers(*SEED_RANGE),
+    }
 
     @classmethod
     def check_params(cls, params: Mapping[str, Any]) -> None:

@@ -16,6 +16,7 @@ import numpy as np
 
 from vllm_omni.errors import VLLMNotFoundError, VLLMValidationError
 from vllm_omni.stages.base import Stage, bounded_float
+from vllm_omni.stages.ranges import Choices, Numbers, ParamRange
 from vllm_omni.wire.messages import Payload, Submit
 
 __all__ = [
@@ -51,6 +52,10 @@ class TalkerStage(Stage):
     """Turns text into pitch codes (0 = silence), shaped by voice and speed."""
 
     kind: ClassVar[str] = "talker"
+    RANGES: ClassVar[Mapping[str, ParamRange]] = {
+        "voice": Choices(tuple(sorted(VOICES))),
+        "speed": Numbers(*SPEED_RANGE),
+    }
 
     @classmethod
     def check_params(cls, params: Mapping[str, Any]) -> None:

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 from vllm_omni.errors import VLLMValidationError
 from vllm_omni.stages.base import Stage, bounded_float, bounded_int
+from vllm_omni.stages.ranges import Integers, Numbers, ParamRange, Strings
 from vllm_omni.wire.messages import Payload, Submit
 
 __all__ = [
@@ -123,6 +124,14 @@ class TextStage(Stage):
     choice (``index``), the last of each choice with its finish reason."""
 
     kind: ClassVar[str] = "text"
+    RANGES: ClassVar[Mapping[str, ParamRange]] = {
+        "max_tokens": Integers(1, MAX_TOKENS_LIMIT),
+        "max_completion_tokens": Integers(1, MAX_TOKENS_LIMIT),
+        "temperature": Numbers(*TEMPERATURE_RANGE),
+        "seed": Integers(*SEED_RANGE),
+        "stop": Strings(MAX_STOP),
+        "n": Integers(1, MAX_CHOICES),
+    }
 
     @classmethod
     def check_params(cls, params: Mapping[str, Any]) -> None:

@@ -14,7 +14,8 @@ from typing import Any, ClassVar
 from PIL import Image
 
 from vllm_omni.stages.base import Stage, bounded_float, bounded_int, parse_size
-from vllm_omni.stages.image import gradient, seed_for
+from vllm_omni.stages.image import SEED_RANGE, gradient, seed_for
+from vllm_omni.stages.ranges import Integers, Numbers, ParamRange, Sizes
 from vllm_omni.wire.messages import Payload, Submit
 
 __all__ = ["FPS_RANGE", "SECONDS_RANGE", "SIZE_RANGE", "VideoStage"]
@@ -28,6 +29,12 @@ class VideoStage(Stage):
     """Text-to-video as an animated GIF."""
 
     kind: ClassVar[str] = "video"
+    RANGES: ClassVar[Mapping[str, ParamRange]] = {
+        "seconds": Numbers(*SECONDS_RANGE),
+        "size": Sizes(*SIZE_RANGE),
+        "fps": Integers(*FPS_RANGE),
+        "seed": Integers(*SEED_RANGE),
+    }
 
     @classmethod
     def check_params(cls, params: Mapping[str, Any]) -> None:

@@ -24,6 +24,7 @@ from vllm_omni.errors import (
     to_exception,
 )
 from vllm_omni.stages.base import Stage
+from vllm_omni.stages.ranges import ParamRange
 from vllm_omni.wire import hops
 from vllm_omni.wire.messages import Payload, Submit
 
@@ -228,6 +229,7 @@ class VLLMStage(Stage):
     """Streams ``AsyncLLM`` deltas as ``Payload(text=...)`` chunks."""
 
     kind: ClassVar[str] = "vllm"
+    RANGES: ClassVar[Mapping[str, ParamRange] | None] = None
 
     @classmethod
     def check_params(cls, params: Mapping[str, Any]) -> None:

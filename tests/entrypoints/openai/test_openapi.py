@@ -1,4 +1,4 @@
-"""``/openapi.json`` narrowed to a pipeline, without a server (``openapi.py``).
+"""``/openapi.json`` narrowed to a pipeline, without a server (``openapi/``).
 
 The stage grammars are regexes in the document: each matches exactly what
 the stage (and the route) accepts, compared value by value. The document of
@@ -80,10 +80,10 @@ def test_size_pattern_is_the_stages_grammar(value: str) -> None:
 
 
 def _route_and_stage_accept_seconds(value: str) -> bool:
-    from vllm_omni.entrypoints.openai.routes.videos import _seconds
+    from vllm_omni.entrypoints.openai.serving_videos import parse_seconds
 
     try:
-        seconds = _seconds(value)
+        seconds = parse_seconds(value)
     except VLLMValidationError:
         return False
     low, high = video.SECONDS_RANGE
@@ -341,8 +341,8 @@ def test_the_error_event_is_published_beside_the_envelope(
 
 
 async def test_openapi_json_waits_for_the_document_without_holding_the_loop() -> None:
-    from vllm_omni.entrypoints.openai import openapi
     from vllm_omni.entrypoints.openai.api_server import build_app
+    from vllm_omni.entrypoints.openai.openapi.document import narrowed
 
     app = build_app(argparse.Namespace(api_key=None, error_mode="strict"))
     engine = _Engine(REFERENCE)
@@ -351,7 +351,7 @@ async def test_openapi_json_waits_for_the_document_without_holding_the_loop() ->
 
     def build_when_let() -> Any:
         gate.wait(10)
-        return openapi._narrowed(app, engine)  # type: ignore[arg-type]
+        return narrowed(app, engine)  # type: ignore[arg-type]
 
     app.state.openapi_task = asyncio.create_task(asyncio.to_thread(build_when_let))
     transport = httpx.ASGITransport(app=app)

@@ -1,36 +1,9 @@
 """Async video jobs: a durable SQLite store and the workers that run the jobs.
 
-Owns the job record and its life cycle (docs/design.md §4, async jobs)::
-
-    queued ──► in_progress ──► completed
-       │            │    └───► failed      (the canonical error, stored)
-       └────────────┴────────► cancelled   (DELETE while unfinished)
-
-- The store is one SQLite file (stdlib ``sqlite3``, WAL mode) at the
-  ``--job-store`` path; every call is tiny and runs in a worker thread.
-  A record keeps the prompt and parameters (never copied into an error),
-  the GIF of a completed job, and for a failed job the canonical error
-  object exactly as ``render.job_error`` returned it, plus the record's
-  ``category`` in its own column so that a later download rebuilds the
-  error by owner, never by guessing from the status.
-- A finished job is kept until a client deletes it, or, with
-  ``--job-retention`` SECONDS, until that long after it finished: its
-  ``expires_at`` says when; from then on it reads as deleted (404), and a
-  sweep removes such rows once a minute (``VideoJobs.start``).
-- Jobs survive a restart. ``VideoJobs.start`` turns every job a previous
-  process left ``queued`` or ``in_progress`` into ``failed`` with a 503
-  ``OmniServiceUnavailableError``; ``shutdown`` cancels the running tasks
-  (closing ``generate`` aborts their engine requests) and deliberately
-  leaves them unfinished, so the next start fails them that way.
-- A job is independent of the request that created it: once its record is
-  written it runs, whether or not that request's client is still there.
-- A worker runs a job through ``engine.generate(..., modalities=["video"])``;
-  whatever it raises goes exception → ``details_for_exception`` (normalize,
-  fallback accounting, log) → ``job_error`` → store.
-
-This module must not build envelopes or HTTP statuses: errors are rendered by
-``vllm_omni.errors.render.job_error``, and the routes in ``routes/videos.py``
-raise semantic exceptions about the records they read from here.
+Owns the job record and its life cycle (docs/runtime.md §15). It must not
+build envelopes or HTTP statuses: a job's error is rendered by
+``vllm_omni.errors.render.job_error``; the routes raise semantic exceptions
+about the records they read from here.
 """
 
 from __future__ import annotations

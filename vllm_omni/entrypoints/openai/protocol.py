@@ -3,7 +3,7 @@
 One section per endpoint: chat and completions (upstream vLLM's own request
 models, with vLLM-Omni's fields added), speech, images, and videos (a JSON or
 form body described as schema for ``/openapi.json``, and its query
-parameters). ``fields.py`` says which fields are honoured, ``openapi.py``
+parameters). ``fields.py`` says which fields are honoured, ``openapi/``
 narrows the schemas to the pipeline, the routes and serving modules read
 them. This module imports no router, serving or ``openapi`` module.
 """
@@ -429,7 +429,7 @@ def _form_030(default: Any) -> dict[str, Any]:
     return schema if default is None else {**schema, "default": json.dumps(default)}
 
 
-# What the routes read, for ``/openapi.json`` (``openapi.py`` narrows the
+# What the routes read, for ``/openapi.json`` (``openapi/`` narrows the
 # create fields to the pipeline). A form carries strings only (the list as
 # JSON text); JSON may also give ``seconds`` as a number, and null for an
 # optional field.

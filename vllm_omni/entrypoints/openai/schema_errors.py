@@ -5,7 +5,7 @@
 never the rejected value. ``wrong_json_type`` does it for a pydantic model's
 own schema (the request models' before-validators use it). ``NOT_BLANK`` is
 the one schema piece worded by its meaning ("must not be blank"), so it lives
-here. Builds no documents (``openapi.py``) and no responses.
+here. Builds no documents (``openapi/``) and no responses.
 """
 
 from __future__ import annotations
