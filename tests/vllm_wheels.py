@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
-import tempfile
-import zipfile
 from functools import cache
 from pathlib import Path
 
 import pytest
 
-from benchmarks.bench_audit import bench_cache
+from benchmarks.bench_audit import bench_cache, unpacked_wheel
 
 __all__ = ["tree_or_skip", "vllm_tree"]
 
@@ -29,41 +26,9 @@ __all__ = ["tree_or_skip", "vllm_tree"]
 def vllm_tree(version: str, cache_dir: Path | None = None) -> Path:
     """The ``vllm`` folder (its ``.py`` files) of the published wheel."""
     root = (cache_dir or bench_cache()) / "vllm-wheels"
-    tree = root / f"vllm-{version}" / "vllm"
-    if tree.is_dir():
-        return tree
-    root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=root) as scratch:
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                f"vllm=={version}",
-                "-d",
-                scratch,
-            ],
-            check=True,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        (wheel,) = Path(scratch).glob("vllm-*.whl")
-        unpacked = Path(scratch) / "unpacked"
-        with zipfile.ZipFile(wheel) as archive:
-            for name in archive.namelist():
-                if name.startswith("vllm/") and name.endswith(".py"):
-                    archive.extract(name, unpacked)
-        wheel.unlink()
-        # Renamed into place whole: a concurrent or interrupted run never
-        # sees half a tree.
-        try:
-            unpacked.rename(tree.parent)
-        except OSError:
-            if not tree.is_dir():
-                raise
-    return tree
+    return unpacked_wheel(
+        f"vllm=={version}", root / f"vllm-{version}" / "vllm", sources_only=True
+    )
 
 
 @cache
