@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import httpx2
+import openai
 import pytest
 import requests
 
@@ -101,3 +102,14 @@ def omni_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OmniServer
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(omni_server: OmniServer) -> openai.OpenAI:
+    """The official SDK against the shared server, with its key, no retries
+    (a module with another server defines its own ``client``)."""
+    return openai.OpenAI(
+        base_url=omni_server.base_url + "/v1",
+        api_key=omni_server.api_key,
+        max_retries=0,
+    )

@@ -26,15 +26,6 @@ MODEL = "omni-reference"
 DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.(?:[A-Za-z_][A-Za-z0-9_]*|[0-9]+))*")
 
 
-@pytest.fixture(scope="module")
-def client(omni_server: OmniServer) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=omni_server.base_url + "/v1",
-        api_key=omni_server.api_key,
-        max_retries=0,
-    )
-
-
 def _param(client: openai.OpenAI, **body: Any) -> str:
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=MODEL, **body)

@@ -47,15 +47,6 @@ def _thinker(**overrides: Any) -> dict[str, Any]:
     return {"temperature": 0.0, "max_tokens": 2048, "seed": SEED, **overrides}
 
 
-@pytest.fixture(scope="module")
-def client(omni_server: OmniServer) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=omni_server.base_url + "/v1",
-        api_key=omni_server.api_key,
-        max_retries=0,
-    )
-
-
 def _chat(client: openai.OpenAI, entries: Any, **kwargs: Any) -> Any:
     return client.chat.completions.create(
         model=MODEL,

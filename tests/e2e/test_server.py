@@ -22,7 +22,6 @@ import openai
 import pytest
 from PIL import Image
 
-from tests.e2e.conftest import API_KEY
 from tests.e2e.omni_server import OmniServer
 from tests.e2e.servers import (
     assert_http_error_counted,
@@ -34,13 +33,6 @@ from tests.e2e.servers import (
 GENERIC = "The server had an error while processing your request."
 MODEL = "omni-reference"
 CHAT = "/v1/chat/completions"
-
-
-@pytest.fixture(scope="module")
-def client(omni_server: OmniServer) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=omni_server.base_url + "/v1", api_key=API_KEY, max_retries=0
-    )
 
 
 def _png() -> bytes:

@@ -44,15 +44,6 @@ MODEL = "omni-reference"
 CHAT = "POST /v1/chat/completions"
 
 
-@pytest.fixture(scope="module")
-def client(omni_server: OmniServer) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=omni_server.base_url + "/v1",
-        api_key=omni_server.api_key,
-        max_retries=0,
-    )
-
-
 def _png() -> bytes:
     out = io.BytesIO()
     Image.new("RGB", (64, 64), (200, 30, 30)).save(out, format="PNG")

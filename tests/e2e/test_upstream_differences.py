@@ -19,18 +19,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.e2e.omni_server import OmniServer
-
 MODEL = "omni-reference"
-
-
-@pytest.fixture(scope="module")
-def client(omni_server: OmniServer) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=omni_server.base_url + "/v1",
-        api_key=omni_server.api_key,
-        max_retries=0,
-    )
 
 
 def _error(call: Any) -> dict[str, Any]:

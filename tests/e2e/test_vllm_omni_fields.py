@@ -187,15 +187,6 @@ def test_every_edit_field_030_has_a_rule() -> None:
 
 
 @pytest.fixture(scope="module")
-def client(omni_server: OmniServer) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=omni_server.base_url + "/v1",
-        api_key=omni_server.api_key,
-        max_retries=0,
-    )
-
-
-@pytest.fixture(scope="module")
 def http(omni_server: OmniServer) -> httpx.Client:
     return httpx.Client(
         base_url=omni_server.base_url, headers=omni_server.headers(), timeout=60
