@@ -98,8 +98,7 @@ class Orchestrator:
 
     @property
     def is_running(self) -> bool:
-        s = self.supervisor
-        return s.started and not s.closed and s.dead is None
+        return self.supervisor.started and self.supervisor.serving()
 
     def stage_pids(self) -> dict[int, int | None]:
         return {sid: handle.pid for sid, handle in self.supervisor.handles.items()}

@@ -108,6 +108,16 @@ class Recovery:
                 "stage %d (%s) recovered from its fault: admitting", stage_id, name
             )
             return
+        # Not an abort anyone asked for: uncounted.
+        failed = self._requests.fail_at_stage(
+            stage_id,
+            lambda: OmniServiceUnavailableError(
+                f"Stage {stage_id} ({name}) faulted before the request "
+                "finished. Please try again later or on a different instance.",
+                stage_id=stage_id,
+            ),
+            None,
+        )
         status = handle.fault.status or {}
         logger.warning(
             "stage %d (%s) faulted (engine %s, %s): %d request(s) in flight there "
@@ -117,20 +127,10 @@ class Recovery:
             name,
             status.get("status"),
             status.get("fault_info", "no fault info"),
-            len(self._requests.at_stage(stage_id)),
+            failed,
             "unknown"
             if handle.fault.window_s is None
             else f"{handle.fault.window_s:g} s",
-        )
-        # Not an abort anyone asked for: uncounted.
-        self._requests.fail_at_stage(
-            stage_id,
-            lambda: OmniServiceUnavailableError(
-                f"Stage {stage_id} ({name}) faulted before the request "
-                "finished. Please try again later or on a different instance.",
-                stage_id=stage_id,
-            ),
-            None,
         )
 
     def watch(self, handle: StageHandle, now: float) -> None:

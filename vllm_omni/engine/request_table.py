@@ -137,7 +137,7 @@ class RequestTable:
         self._by_wire.pop(request.wire_id, None)
         REQUESTS_IN_FLIGHT.dec()
 
-    def at_stage(self, stage_id: int) -> list[Request]:
+    def _at_stage(self, stage_id: int) -> list[Request]:
         """The open requests a stage holds now."""
         return [
             r
@@ -266,7 +266,7 @@ class RequestTable:
         reason: AbortReason | None,
     ) -> int:
         """Fail every request a stage holds (aborted everywhere); how many."""
-        stuck = self.at_stage(stage_id)
+        stuck = self._at_stage(stage_id)
         for request in stuck:
             self.close(request, error_for())
             self.abort_everywhere(request, reason)

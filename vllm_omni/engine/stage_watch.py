@@ -165,20 +165,20 @@ class StageWatch:
         if not silent:
             logger.info("stage %d (%s) answers again: admitting", stage_id, name)
             return
+        failed = self._requests.fail_at_stage(
+            stage_id,
+            lambda: OmniStageTimeoutError(
+                f"Stage {stage_id} ({name}) stopped answering.", stage_id=stage_id
+            ),
+            "timeout",
+        )
         logger.warning(
             "stage %d (%s) does not answer (%s): %d request(s) in flight there "
             "fail with 504, new ones for it are refused with 503",
             stage_id,
             name,
             why,
-            len(self._requests.at_stage(stage_id)),
-        )
-        self._requests.fail_at_stage(
-            stage_id,
-            lambda: OmniStageTimeoutError(
-                f"Stage {stage_id} ({name}) stopped answering.", stage_id=stage_id
-            ),
-            "timeout",
+            failed,
         )
 
     def on_reachable(self, reachable: bool) -> None:
