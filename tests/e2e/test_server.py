@@ -90,6 +90,27 @@ def test_chat_stream(client: openai.OpenAI) -> None:
     assert "".join(deltas).startswith("You said:")
 
 
+@pytest.mark.timeout(60)
+def test_chat_stream_opens_before_a_late_talker(client: openai.OpenAI) -> None:
+    """A streamed text-and-audio answer whose text is empty (a ``stop`` string
+    at its start, or an engine's end-of-text first) opens with the role chunk
+    as soon as the text stage is done, as ``vllm serve``'s stream does: the
+    client learns the stream started while the talker still runs (here it
+    hangs, so nothing else comes within the client's timeout)."""
+    stream = client.with_options(timeout=5).chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "quiet @talkhang"}],
+        modalities=["text", "audio"],
+        stop=["You"],
+        stream=True,
+    )
+    with stream:
+        first = next(iter(stream))
+    assert [c.delta.role for c in first.choices] == ["assistant"]
+    assert first.choices[0].delta.content is None
+    assert first.choices[0].finish_reason is None
+
+
 def test_speech(client: openai.OpenAI) -> None:
     speech = client.audio.speech.create(
         model=MODEL, voice="alloy", input="hello world", response_format="wav"

@@ -270,6 +270,10 @@ class _Shape(ABC):
         """The streamed choice that finishes ``index`` after the last output."""
         return self.delta(index, "", finish)
 
+    def unopened(self, index: int) -> bool:
+        """Whether ``index``'s first streamed chunk is still to come."""
+        return False
+
 
 class _Chat(_Shape):
     api = "chat"
@@ -295,6 +299,12 @@ class _Chat(_Shape):
     def finish(self, output: OmniRequestOutput) -> str | None:
         # With audio, choice 0 finishes in the last chunk, beside its audio.
         return None if self.wants_audio else output.finish_reason
+
+    def unopened(self, index: int) -> bool:
+        # The role chunk goes out with the choice's first output, text or not
+        # (an empty text before audio would otherwise say nothing until the
+        # talker is done), as upstream's stream opens with it.
+        return index not in self.started
 
     def delta(
         self, index: int, text: str, finish: str | None, logprobs: Any = None
@@ -461,7 +471,12 @@ async def _stream(
         if output.finished:
             return
         finish = shape.finish(output)
-        if output.text_delta or finish or output.logprobs is not None:
+        if (
+            output.text_delta
+            or finish
+            or output.logprobs is not None
+            or shape.unopened(output.index)
+        ):
             if finish is not None:
                 finished.add(output.index)
             delta = shape.delta(
