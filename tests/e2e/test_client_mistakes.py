@@ -316,6 +316,55 @@ def test_prompt_over_the_limit_is_400(
     )
 
 
+@pytest.mark.parametrize(
+    ("fields", "param", "message"),
+    [
+        (
+            {"messages": [{"role": "wizard", "content": "hi"}]},
+            "messages.0.role",
+            "role must be one of system, developer, user, assistant, tool, function",
+        ),
+        (
+            {"n": 2, "modalities": ["text", "audio"]},
+            "n",
+            "n > 1 is not supported with audio output",
+        ),
+        ({"voice": "nova"}, "voice", 'voice needs "audio" in modalities'),
+        (
+            {"modalities": ["text", "audio"], "voice": "nova", "speaker": "nova"},
+            "speaker",
+            "speaker cannot be honoured: the voice is given once (here also as voice)",
+        ),
+        ({"prompt": ["a", "b"]}, "prompt", "prompt must be a string"),
+    ],
+    ids=["role", "n_with_audio", "voice_without_audio", "voice_twice", "prompts"],
+)
+def test_the_request_alone_is_checked_before_the_model(
+    omni_server: OmniServer, fields: dict[str, Any], param: str, message: str
+) -> None:
+    """What the request alone decides is checked on its model, before the
+    route looks at ``model`` (as upstream's pydantic checks come first): a
+    mistake there is its 400 even with an unknown model."""
+    path = "/v1/completions" if "prompt" in fields else CHAT
+    payload = {"model": "no-such-model", **fields}
+    if path == CHAT:
+        payload.setdefault("messages", [{"role": "user", "content": "hi"}])
+    _expect(
+        omni_server,
+        lambda: httpx.post(
+            omni_server.base_url + path,
+            headers=omni_server.headers(),
+            json=payload,
+            timeout=60,
+        ),
+        handler=path,
+        status=400,
+        error_type="BadRequestError",
+        param=param,
+        message=message,
+    )
+
+
 def test_empty_image_prompt_is_400(omni_server: OmniServer) -> None:
     _expect(
         omni_server,

@@ -229,6 +229,63 @@ class ChatCompletionRequest(JsonTypesFirst, UpstreamChatCompletionRequest):
     extra_params: dict[str, Any] | None = None
     return_stage_metrics: bool | None = None
 
+    @model_validator(mode="after")
+    def _check_request(self) -> ChatCompletionRequest:
+        """What the request alone decides, each a 400 on its field: every
+        role is one of the OpenAI API's; ``n > 1``, ``audio``, ``voice`` and
+        ``speaker`` only with audio output; the voice given once."""
+        for i, message in enumerate(self.messages):
+            role = message.get("role") if isinstance(message, dict) else None
+            if role not in ROLES:
+                raise VLLMValidationError(
+                    f"role must be one of {', '.join(ROLES)}",
+                    parameter=f"messages.{i}.role",
+                )
+        modalities = self.output_modalities()
+        if "audio" in modalities and (self.n or 1) > 1:
+            raise VLLMValidationError(
+                "n > 1 is not supported with audio output", parameter="n"
+            )
+        for name in ("audio", "voice", "speaker"):
+            if getattr(self, name) is not None and "audio" not in modalities:
+                raise VLLMValidationError(
+                    f'{name} needs "audio" in modalities', parameter=name
+                )
+        given = self._voices()
+        if len(given) > 1:
+            name = given[1][0]
+            raise VLLMValidationError(
+                f"{name} cannot be honoured: the voice is given once "
+                f"(here also as {given[0][0]})",
+                parameter=name,
+            )
+        return self
+
+    def output_modalities(self) -> list[str]:
+        """``modalities``, text when not given."""
+        return list(self.modalities or ["text"])
+
+    def talker_voice(self) -> str | None:
+        """The talker's voice: ``audio.voice``, or vllm-omni's ``voice`` or
+        ``speaker`` (given once: checked), else ``audio``'s default."""
+        given = self._voices()
+        if given:
+            return given[0][1]
+        return self.audio.voice if self.audio is not None else None
+
+    def _voices(self) -> list[tuple[str, str]]:
+        audio = self.audio
+        named = audio.voice if audio and "voice" in audio.model_fields_set else None
+        return [
+            (name, value)
+            for name, value in (
+                ("audio.voice", named),
+                ("voice", self.voice),
+                ("speaker", self.speaker),
+            )
+            if value is not None
+        ]
+
 
 # -- completions -------------------------------------------------------------------
 
@@ -244,6 +301,21 @@ class CompletionRequest(JsonTypesFirst, UpstreamCompletionRequest):
     # A LoRA adapter by name (``extra_body={"lora": ...}``); the stage decides.
     lora: str | None = None
     sampling_params_list: SamplingParamsList | None = sampling_params_list_field()
+
+    @model_validator(mode="after")
+    def _check_request(self) -> CompletionRequest:
+        """One prompt, a string (or a list of one): a 400 on ``prompt``."""
+        self.single_prompt()
+        return self
+
+    def single_prompt(self) -> str:
+        """The one prompt the request carries."""
+        prompt = self.prompt
+        if isinstance(prompt, list) and len(prompt) == 1:
+            prompt = prompt[0]
+        if not isinstance(prompt, str):
+            raise VLLMValidationError("prompt must be a string", parameter="prompt")
+        return prompt
 
 
 # -- speech ------------------------------------------------------------------------

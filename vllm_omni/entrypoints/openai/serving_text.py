@@ -27,7 +27,6 @@ from starlette.responses import StreamingResponse
 from vllm_omni.entrypoints.openai.fields import check_fields
 from vllm_omni.entrypoints.openai.openapi import check_body
 from vllm_omni.entrypoints.openai.protocol import (
-    ROLES,
     ChatCompletionRequest,
     CompletionRequest,
     UpstreamChatCompletionRequest,
@@ -56,35 +55,34 @@ TextRequest = ChatCompletionRequest | CompletionRequest
 async def chat(
     request: Request, body: ChatCompletionRequest
 ) -> dict[str, Any] | StreamingResponse:
-    """``POST /v1/chat/completions``: the messages' text is checked before
-    the stage (a role or a non-text part is a 400 even without one)."""
+    """``POST /v1/chat/completions``; the request's own checks ran on its
+    model (``protocol.py``): here the engine, the messages' text (a non-text
+    part is a 400 even without a text stage), the stage's fields and the
+    document's ranges."""
     engine = await _engine(request, body)
     raw = await request.json()
     prompt = _chat_prompt(raw.get("messages") or [], engine.stage_for("text"))
     check_prompt(request, prompt, "messages")
     stage = _checked_stage(request, engine, "chat", body)
-    modalities = _modalities(body)
-    voice = _voice(body)
     await check_body(request, "chat", raw)
     params = _stage_params(
         _Chat, body, raw, stage, max_completion_tokens=body.max_completion_tokens
     )
+    voice = body.talker_voice()
     if voice is not None:
         params["voice"] = voice
+    modalities = body.output_modalities()
     return await _answer(request, engine, _Chat, body, prompt, modalities, params)
 
 
 async def completion(
     request: Request, body: CompletionRequest
 ) -> dict[str, Any] | StreamingResponse:
-    """``POST /v1/completions``: one prompt, checked after the stage's fields."""
+    """``POST /v1/completions``: the engine, the stage's fields, the prompt,
+    the document's ranges."""
     engine = await _engine(request, body)
     stage = _checked_stage(request, engine, "completions", body)
-    prompt = body.prompt if isinstance(body.prompt, str) else None
-    if isinstance(body.prompt, list) and len(body.prompt) == 1:
-        prompt = body.prompt[0]
-    if not isinstance(prompt, str):
-        raise VLLMValidationError("prompt must be a string", parameter="prompt")
+    prompt = body.single_prompt()
     check_prompt(request, prompt, "prompt")
     raw = await request.json()
     await check_body(request, "completions", raw)
@@ -120,17 +118,11 @@ def _checked_stage(
 def _chat_prompt(messages: list[Any], stage: StageConfig | None) -> str:
     """The messages' text (what the guardrail and the reference stage read).
 
-    A role outside the OpenAI API is a 400 on that role; a content part that
-    is not text is a 400 on that part unless a ``vllm`` stage renders it.
+    A content part that is not text is a 400 on that part unless a ``vllm``
+    stage renders it.
     """
     parts: list[str] = []
     for i, message in enumerate(messages):
-        role = message.get("role") if isinstance(message, dict) else None
-        if role not in ROLES:
-            raise VLLMValidationError(
-                f"role must be one of {', '.join(ROLES)}",
-                parameter=f"messages.{i}.role",
-            )
         content = message.get("content")
         if isinstance(content, str):
             parts.append(content)
@@ -150,48 +142,6 @@ def _chat_prompt(messages: list[Any], stage: StageConfig | None) -> str:
     if not prompt.strip():
         raise VLLMValidationError("messages must contain text", parameter="messages")
     return prompt
-
-
-def _modalities(body: ChatCompletionRequest) -> list[str]:
-    modalities = body.modalities or ["text"]
-    if "audio" in modalities and (body.n or 1) > 1:
-        raise VLLMValidationError(
-            "n > 1 is not supported with audio output", parameter="n"
-        )
-    for name in ("audio", "voice", "speaker"):
-        if getattr(body, name) is not None and "audio" not in modalities:
-            raise VLLMValidationError(
-                f'{name} needs "audio" in modalities', parameter=name
-            )
-    return modalities
-
-
-def _voice(body: ChatCompletionRequest) -> str | None:
-    """The talker's voice: ``audio.voice``, or vllm-omni's ``voice`` or
-    ``speaker``, given once (a second is a 400 on it, as the document says)."""
-    audio = body.audio
-    given = [
-        (name, value)
-        for name, value in (
-            (
-                "audio.voice",
-                audio.voice if audio and "voice" in audio.model_fields_set else None,
-            ),
-            ("voice", body.voice),
-            ("speaker", body.speaker),
-        )
-        if value is not None
-    ]
-    if len(given) > 1:
-        name = given[1][0]
-        raise VLLMValidationError(
-            f"{name} cannot be honoured: the voice is given once "
-            f"(here also as {given[0][0]})",
-            parameter=name,
-        )
-    if given:
-        return given[0][1]
-    return audio.voice if audio is not None else None
 
 
 def _stage_params(
