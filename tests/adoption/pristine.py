@@ -162,4 +162,13 @@ EXPECTED: dict[str, tuple[str, str]] = {
         _WS_FLAT,
         r"no canonical error object: .*Invalid session.start: 1 validation error",
     ),
+    "test_speech_without_audio_output_is_500": (
+        "the speech module's own 'no audio in the output' check is a ValueError, "
+        "answered 400 as the client's",
+        r"assert 400 == 500",
+    ),
+    "test_malformed_ref_audio_is_400_naming_the_field": (
+        "the ref_audio validator raises TypeError: 400 without param",
+        r"assert None == 'ref_audio'",
+    ),
 }
