@@ -25,8 +25,9 @@ _BODY_VALIDATION = (
     "the rejected value echoed"
 )
 _WS_FLAT = (
-    "0.30's WebSocket error events are {type, message} built by each handler: "
-    "no status, type or param; pydantic's text echoes the rejected value"
+    "0.30's WebSocket error events are each handler's own ({type, message}, or "
+    "{type, error: <text>, code}): no status, type or param; pydantic's text "
+    "echoes the rejected value"
 )
 _NO_DETAILS = (
     "0.30's offline path raises OmniClientError(ValueError) or RuntimeError, "
@@ -171,5 +172,9 @@ EXPECTED: dict[str, tuple[str, str]] = {
     "test_malformed_ref_audio_is_400_naming_the_field": (
         "the ref_audio validator raises TypeError: 400 without param",
         r"assert None == 'ref_audio'",
+    ),
+    "test_realtime_refusal_is_canonical_and_keeps_its_code": (
+        _WS_FLAT,
+        r"no canonical error object: .*'error': 'VAD realtime is not enabled'",
     ),
 }

@@ -85,3 +85,11 @@ def test_invalid_session_field_is_400_without_the_rejected_value(
         {"type": "session.start", "prompt": "a cat", "num_frames": scenarios.REJECTED},
     )
     assert _assert_error_event(event, 400)["param"] == "num_frames"
+
+
+def test_realtime_refusal_is_canonical_and_keeps_its_code(llm_server: Any) -> None:
+    """``/v1/realtime?duplex=1`` on a pipeline without duplex: the refusal
+    is the canonical 501; 0.30's top-level ``code`` stays beside it."""
+    event = _first_error(llm_server, "/v1/realtime?duplex=1")
+    _assert_error_event(event, 501)
+    assert event.get("code") == "unsupported", event
