@@ -24,6 +24,11 @@ _BODY_VALIDATION = (
     "vLLM's validation handler: type 'Bad Request', param 'body.temperature', "
     "the rejected value echoed"
 )
+_WS_FLAT = (
+    "0.30's WebSocket error events are each handler's own ({type, message}, or "
+    "{type, error: <text>, code}): no status, type or param; pydantic's text "
+    "echoes the rejected value"
+)
 _NO_DETAILS = (
     "0.30's offline path raises OmniClientError(ValueError) or RuntimeError, "
     "without .details"
@@ -129,5 +134,47 @@ EXPECTED: dict[str, tuple[str, str]] = {
     "test_diffusion_output_error_raises_the_semantic_type[500-server]": (
         _NO_DETAILS,
         r"RuntimeError'>.*is no VLLMServerError",
+    ),
+    "test_stage_failure_message_carries_the_record": (
+        "0.30 has no OmniErrorDetails, and its stage senders no record",
+        r"cannot import name 'OmniErrorDetails'",
+    ),
+    "test_stage_failure_without_status_carries_a_server_record": (
+        "0.30 has no OmniErrorDetails, and its stage senders no record",
+        r"cannot import name 'OmniErrorDetails'",
+    ),
+    "test_bad_lora_on_sync_video_is_400_naming_the_field": (
+        "serving_video turns the LoRA ValueError into HTTPException(400): "
+        "type 'Bad Request', no param",
+        r"type 'Bad Request' is not the type of a 400",
+    ),
+    "test_unavailable_websocket_route_is_a_canonical_501": (
+        _WS_FLAT,
+        r"no canonical error object: \{'type': 'error', 'message': 'Streaming video",
+    ),
+    "test_invalid_speech_session_config_is_400_naming_the_field": (
+        _WS_FLAT,
+        r"no canonical error object: .*Invalid session config",
+    ),
+    "test_bad_session_format_is_400_naming_the_field": (
+        _WS_FLAT,
+        r"no canonical error object: .*Invalid session.start format",
+    ),
+    "test_invalid_session_field_is_400_without_the_rejected_value": (
+        _WS_FLAT,
+        r"no canonical error object: .*Invalid session.start: 1 validation error",
+    ),
+    "test_speech_without_audio_output_is_500": (
+        "the speech module's own 'no audio in the output' check is a ValueError, "
+        "answered 400 as the client's",
+        r"assert 400 == 500",
+    ),
+    "test_malformed_ref_audio_is_400_naming_the_field": (
+        "the ref_audio validator raises TypeError: 400 without param",
+        r"assert None == 'ref_audio'",
+    ),
+    "test_realtime_refusal_is_canonical_and_keeps_its_code": (
+        _WS_FLAT,
+        r"no canonical error object: .*'error': 'VAD realtime is not enabled'",
     ),
 }

@@ -62,3 +62,13 @@ def test_failed_video_job_stores_the_canonical_error(diffusion_server: Any) -> N
     assert job.get("status") == "failed", job
     contract.assert_no_leak(str(job))
     contract.assert_canonical(job["error"], 500)
+
+
+def test_bad_lora_on_sync_video_is_400_naming_the_field(diffusion_server: Any) -> None:
+    response = httpx.post(
+        f"{diffusion_server.base_url}/v1/videos/sync",
+        data={"prompt": "a cat", "model": "tiny", "lora": '{"name": "only-a-name"}'},
+        timeout=60,
+    )
+    assert response.status_code == 400, response.text
+    assert contract.assert_envelope(response)["param"] == "lora"

@@ -112,3 +112,54 @@ def test_diffusion_output_error_raises_the_semantic_type(
     expected = VLLMClientError if owner == "client" else VLLMServerError
     assert isinstance(exc, expected), f"{type(exc).__mro__} is no {expected.__name__}"
     assert (_details(exc).category, _details(exc).status_code) == (owner, status)
+
+
+def test_stage_failure_message_carries_the_record() -> None:
+    """The sender fills the record: the orchestrator's own code failing a
+    request puts an ``ErrorMessage`` whose ``details`` says owner, status
+    and stage, survives msgspec's wire and is what the receiver raises."""
+    import asyncio
+
+    import msgspec
+    from vllm.exceptions import VLLMClientError
+    from vllm_omni.engine.messages import ErrorMessage
+    from vllm_omni.entrypoints.omni_base import OmniBase
+
+    from vllm_omni.engine.orchestrator import Orchestrator
+    from vllm_omni.errors import OmniErrorDetails
+
+    async def fail() -> Any:
+        orchestrator = object.__new__(Orchestrator)
+        orchestrator.output_async_queue = asyncio.Queue()
+        orchestrator._cfg_tracker = types.SimpleNamespace(cleanup_parent=lambda _: [])
+
+        async def cleanup(*args: Any, **kwargs: Any) -> None:
+            return None
+
+        orchestrator._cleanup_request_ids = cleanup
+        await Orchestrator._fail_request_client_error(
+            orchestrator, "r-3", 1, "the reference audio is too short"
+        )
+        return orchestrator.output_async_queue.get_nowait()
+
+    sent = asyncio.run(fail())
+    wire = msgspec.msgpack.decode(msgspec.msgpack.encode(sent), type=ErrorMessage)
+    assert wire.details is not None, f"the sender filled no record: {wire}"
+    record = OmniErrorDetails.from_wire(wire.details)
+    assert (record.category, record.status_code, record.stage_id) == ("client", 400, 1)
+    with pytest.raises(VLLMClientError) as raised:
+        OmniBase._raise_nonfatal_error_message(types.SimpleNamespace(), wire)
+    assert _details(raised.value).stage_id == 1
+
+
+def test_stage_failure_without_status_carries_a_server_record() -> None:
+    """A sender that says no status (a stage's own failure, as the
+    orchestrator's CFG and replica paths send) carries a server-500 record."""
+    from vllm_omni.engine.messages import ErrorMessage
+
+    from vllm_omni.errors import OmniErrorDetails
+
+    message = ErrorMessage(error="CFG companion lost", request_id="r-4", stage_id=2)
+    assert message.details is not None, "the message carries no record"
+    record = OmniErrorDetails.from_wire(message.details)
+    assert (record.category, record.status_code, record.stage_id) == ("server", 500, 2)
