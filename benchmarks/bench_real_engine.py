@@ -103,7 +103,7 @@ class Rounds:
 
 
 FULL = Rounds(
-    warmup=3,
+    warmup=20,
     ttft=100,
     stream=40,
     rejected=100,
@@ -696,77 +696,117 @@ async def breakdown(
     )
 
 
-async def _http_first_token(client: Any, url: str, drain: bool = False) -> float:
-    """A streamed completion's first text, in s; ``drain``: the stream is
-    then read to its end (no abort follows the request)."""
-    import json
+class Streamer:
+    """A streamed completion's text events as they arrive, over one
+    keep-alive HTTP/1.1 connection (a few lines of asyncio, not httpx):
+    the client shares a core with everything else on the machine, and the
+    less it does between the server's write and its clock, the less of its
+    own noise a measure carries (issue 47: httpx's response handling took
+    0.2 to 3 ms a request, varying with the machine's load, and ran after
+    the first chunk on a server that sends its headers with it). Both
+    servers are read the same way; every stream is read to its end."""
 
+    def __init__(self, base_url: str) -> None:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(base_url)
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or 80
+        self.streams: Any = None
+
+    async def _connection(self) -> Any:
+        if self.streams is None:
+            self.streams = await asyncio.open_connection(self.host, self.port)
+        return self.streams
+
+    def close(self) -> None:
+        if self.streams is not None:
+            self.streams[1].close()
+            self.streams = None
+
+    async def text_events(self, body: dict[str, Any]) -> tuple[float, list[float]]:
+        """When the request was written, and when each event with text
+        arrived (``time.perf_counter``)."""
+        import json
+
+        reader, writer = await self._connection()
+        payload = json.dumps(body).encode()
+        head = (
+            f"POST /v1/completions HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+            "Content-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n"
+        ).encode()
+        start = time.perf_counter()
+        writer.write(head + payload)
+        headers = await reader.readuntil(b"\r\n\r\n")
+        status = headers.split(b" ", 2)[1]
+        if status != b"200" or b"chunked" not in headers.lower():
+            self.close()
+            raise RuntimeError(f"{self.host}:{self.port}: {headers!r}")
+        arrivals: list[float] = []
+        pending = b""
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).strip(), 16)
+            data = await reader.readexactly(size + 2)
+            now = time.perf_counter()
+            if size == 0:
+                return start, arrivals
+            pending += data[:-2]
+            *events, pending = pending.split(b"\n\n")
+            for event in events:
+                if not event.startswith(b"data: ") or event == b"data: [DONE]":
+                    continue
+                if json.loads(event[6:])["choices"][0].get("text"):
+                    arrivals.append(now)
+
+
+async def _http_first_token(client: Streamer) -> float:
     # A completion, not a chat: upstream's chat stream opens with a role-only
     # chunk before the engine produced anything.
-    body = {
-        "model": "tiny-qwen2",
-        "prompt": PROMPT,
-        "max_tokens": TTFT_TOKENS,
-        "temperature": 0.0,
-        "stream": True,
-    }
-    start = time.perf_counter()
-    async with client.stream("POST", url + "/v1/completions", json=body) as reply:
-        if reply.status_code != 200:
-            raise RuntimeError(f"{url}: {reply.status_code} {await reply.aread()!r}")
-        lines = reply.aiter_lines()
-        async for line in lines:
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            if json.loads(line[6:])["choices"][0].get("text"):
-                elapsed = time.perf_counter() - start
-                if drain:
-                    async for _ in lines:
-                        pass
-                return elapsed
-    raise RuntimeError(f"{url}: no text")
+    start, arrivals = await client.text_events(
+        {
+            "model": "tiny-qwen2",
+            "prompt": PROMPT,
+            "max_tokens": TTFT_TOKENS,
+            "temperature": 0.0,
+            "stream": True,
+        }
+    )
+    if not arrivals:
+        raise RuntimeError("no text")
+    return arrivals[0] - start
 
 
-async def _http_inter_token(client: Any, url: str) -> float:
-    import json
-
-    body = {
-        "model": "tiny-qwen2",
-        "prompt": PROMPT,
-        "max_tokens": STREAM_TOKENS,
-        "temperature": 0.0,
-        "ignore_eos": True,
-        "stream": True,
-    }
-    arrivals: list[float] = []
-    async with client.stream("POST", url + "/v1/completions", json=body) as reply:
-        if reply.status_code != 200:
-            raise RuntimeError(f"{url}: {reply.status_code} {await reply.aread()!r}")
-        async for line in reply.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            if json.loads(line[6:])["choices"][0].get("text"):
-                arrivals.append(time.perf_counter())
+async def _http_inter_token(client: Streamer) -> float:
+    _, arrivals = await client.text_events(
+        {
+            "model": "tiny-qwen2",
+            "prompt": PROMPT,
+            "max_tokens": STREAM_TOKENS,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "stream": True,
+        }
+    )
     if len(arrivals) < 2:
-        raise RuntimeError(f"{url}: fewer than two text chunks")
+        raise RuntimeError("fewer than two text chunks")
     return (arrivals[-1] - arrivals[0]) / (len(arrivals) - 1)
 
 
 async def measure_http(servers: dict[str, Any], rounds: Rounds) -> list[Measured]:
-    import httpx
-
     measured = []
-    async with httpx.AsyncClient(timeout=120) as client:
+    clients = {side: Streamer(servers[side].base_url) for side in SERVERS}
+    try:
         for name, measure, count in (
             ("HTTP TTFT (completion stream)", _http_first_token, rounds.http),
             ("HTTP inter-token latency", _http_inter_token, rounds.stream),
         ):
 
             async def ours(_: str, measure: Any = measure) -> float:
-                return float(await measure(client, servers["omni"].base_url))
+                return float(await measure(clients["omni"]))
 
             async def upstream(_: str, measure: Any = measure) -> float:
-                return float(await measure(client, servers["upstream"].base_url))
+                return float(await measure(clients["upstream"]))
 
             pairs = await paired(
                 name, ours, upstream, count, rounds.warmup, **_blocks(rounds, count)
@@ -778,6 +818,9 @@ async def measure_http(servers: dict[str, Any], rounds: Rounds) -> list[Measured
                     lambda name, pairs: ratio_row(name, pairs, "<= 1.05", "ms", 1e3),
                 )
             )
+    finally:
+        for client in clients.values():
+            client.close()
     return measured
 
 
@@ -813,15 +856,15 @@ async def breakdown_http(servers: dict[str, Any], rounds: Rounds) -> str:
     from benchmarks.breakdown import segment_table
     from benchmarks.http_marks import DESCRIBE, PATH, windows
 
+    clients = {side: Streamer(servers[side].base_url) for side in SERVERS}
     async with httpx.AsyncClient(timeout=120) as client:
         # The client's own marks: perf_counter is the machine's monotonic
         # clock, the same in every process.
         sent: dict[str, list[tuple[int, int]]] = {side: [] for side in SERVERS}
 
         async def measure(side: str) -> float:
-            url = servers[side].base_url
             start = time.perf_counter_ns()
-            elapsed = float(await _http_first_token(client, url, drain=True))
+            elapsed = float(await _http_first_token(clients[side]))
             sent[side].append((start, start + int(elapsed * 1e9)))
             return elapsed
 
@@ -833,6 +876,8 @@ async def breakdown_http(servers: dict[str, Any], rounds: Rounds) -> str:
             rounds.warmup,
             **_blocks(rounds, rounds.http),
         )
+        for streamer in clients.values():
+            streamer.close()
         paths = {}
         for side in SERVERS:
             marks = (await client.get(servers[side].base_url + PATH)).json()

@@ -225,6 +225,10 @@ def _install_omni() -> None:
     from vllm_omni.entrypoints.async_omni import AsyncOmni
 
     _before(AsyncOmni, "generate", "omni.asyncomni.generate")
+    from vllm_omni.entrypoints.openai import serving_text
+
+    # Each SSE chunk is framed here (a module global its stream calls).
+    _before(serving_text, "_sse", "omni.sse.chunk")
 
 
 # What each segment is, by (from point, to point). A segment not named here
@@ -279,6 +283,8 @@ DESCRIBE: dict[tuple[str, str], str] = {
         "AsyncOmni, serving: the first output decides the status; headers"
     ),
     ("response.start", "sse.write"): "serving: delta, chunk, JSON, SSE framing",
+    ("response.start", "omni.sse.chunk"): "serving: the body starts, the delta",
+    ("omni.sse.chunk", "sse.write"): "JSON, SSE framing, the middlewares' send",
     ("client.send", "http.begin"): "client: request written, read by the server",
     ("sse.first", "client.first"): "client: the chunk read, JSON parsed",
     ("sse.write", "sse.first"): "ASGI send: the chunk to the socket",
