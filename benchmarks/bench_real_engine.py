@@ -713,8 +713,13 @@ class Streamer:
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or 80
         self.streams: Any = None
+        self.used = 0.0
 
     async def _connection(self) -> Any:
+        # Both servers close a connection idle for 5 s (uvicorn's keep-alive):
+        # a fresh one before that, opened before the clock starts.
+        if self.streams is not None and time.monotonic() - self.used > 2.0:
+            self.close()
         if self.streams is None:
             self.streams = await asyncio.open_connection(self.host, self.port)
         return self.streams
@@ -738,7 +743,15 @@ class Streamer:
         ).encode()
         start = time.perf_counter()
         writer.write(head + payload)
-        headers = await reader.readuntil(b"\r\n\r\n")
+        try:
+            headers = await reader.readuntil(b"\r\n\r\n")
+        except (asyncio.IncompleteReadError, ConnectionError):
+            # Closed by the server meanwhile: once more on a new connection.
+            self.close()
+            reader, writer = await self._connection()
+            start = time.perf_counter()
+            writer.write(head + payload)
+            headers = await reader.readuntil(b"\r\n\r\n")
         status = headers.split(b" ", 2)[1]
         if status != b"200" or b"chunked" not in headers.lower():
             self.close()
@@ -750,6 +763,7 @@ class Streamer:
             data = await reader.readexactly(size + 2)
             now = time.perf_counter()
             if size == 0:
+                self.used = time.monotonic()
                 return start, arrivals
             pending += data[:-2]
             *events, pending = pending.split(b"\n\n")
