@@ -45,6 +45,19 @@ pairs and prints each repetition's own ratio and how far apart they are.
 
 ``--quick`` runs every metric a few times (CI: it must not rot), ``--no-http``
 leaves the two servers out, ``--http-only`` the two engines.
+
+The HTTP rows read each stream with ``Streamer`` (a keep-alive connection
+and a few lines of asyncio, the same for both servers) rather than httpx,
+whose own response handling was the largest and most load-dependent part
+of the client's time (issue 47).
+
+``--breakdown`` prints where the time goes instead: in process, the hop
+marks of ``vllm_omni.wire.hops``; over HTTP, both servers started through
+``benchmarks.http_marks``, which marks the same calls in each (uvicorn's
+parser, the outermost ASGI app, Starlette's route, FastAPI's endpoint,
+upstream's renderer, ``AsyncLLM``, its input and output processors, the
+first SSE chunk written) and serves them back on ``GET /_omni_marks``;
+ours adds its own hops (``AsyncOmni``, orchestrator, stage).
 """
 
 from __future__ import annotations
