@@ -860,6 +860,8 @@ PHASES = (
     ("engine.added", "core.output", "EngineCore: schedule, prefill, 1st token"),
     ("core.output", "engine.yield", "output processor: detokenization"),
     ("engine.yield", "sse.first", "first output to the SSE chunk written"),
+    ("http.begin", "engine.added", "all before the engine core's step"),
+    ("core.output", "sse.first", "all after it"),
     ("http.begin", "sse.first", "total in the server"),
     ("client.send", "http.begin", "client: request sent, to the server's parser"),
     ("sse.first", "client.first", "client: the chunk read and parsed"),
@@ -938,6 +940,24 @@ async def breakdown_http(servers: dict[str, Any], rounds: Rounds) -> str:
         rows.append(
             (f"`{start} → {end}`", what, _ms(up), _ms(ours), f"{ours - up:+.3f}")
         )
+    beside = {
+        side: med(
+            total - step
+            for path in paths[side]
+            if (total := _phase_ms(path, "http.begin", "sse.first")) is not None
+            and (step := _phase_ms(path, "engine.added", "core.output")) is not None
+        )
+        for side in SERVERS
+    }
+    rows.append(
+        (
+            "total less the engine core's step",
+            "per request: what the servers' code takes",
+            _ms(beside["upstream"]),
+            _ms(beside["omni"]),
+            f"{beside['omni'] - beside['upstream']:+.3f}",
+        )
+    )
     rows.append(
         (
             "client: request to first text",
