@@ -9,7 +9,11 @@ other's. ``settle_seconds`` reads upstream's spin time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
+import json
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -105,3 +109,97 @@ def test_repetitions_pool_their_pairs_and_show_how_far_apart_they_are() -> None:
     assert single["repeats"] == "1.1" and "between" not in single
     assert bench.FULL.repeat >= 2 and bench.QUICK.repeat == 1
     assert bench.FULL.pin and bench.QUICK.pin
+
+
+def _sse_app(status: int) -> Any:
+    """An ASGI app streaming a completion's events: two with text, one
+    without, then ``[DONE]`` (or ``status`` and a JSON error)."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        if status != 200:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": status,
+                    "headers": [(b"content-type", b"application/json")],
+                }
+            )
+            await send({"type": "http.response.body", "body": b'{"error": {}}'})
+            return
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")],
+            }
+        )
+        for text in ("Hel", "", "lo"):
+            event = json.dumps({"choices": [{"index": 0, "text": text}]})
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": f"data: {event}\n\n".encode(),
+                    "more_body": True,
+                }
+            )
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+    return app
+
+
+@contextlib.contextmanager
+def _serving(app: Any) -> Iterator[str]:
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def test_the_stream_client_reads_text_events_on_one_connection() -> None:
+    """``Streamer`` (the HTTP rows' client) times each event with text, reads
+    the stream to its end and sends the next request on the same
+    connection."""
+    with _serving(_sse_app(200)) as url:
+        client = bench.Streamer(url)
+
+        async def twice() -> list[tuple[float, list[float]]]:
+            first = await client.text_events({"stream": True})
+            connection = client.streams
+            second = await client.text_events({"stream": True})
+            assert client.streams is connection
+            client.close()
+            return [first, second]
+
+        for start, arrivals in asyncio.run(twice()):
+            assert len(arrivals) == 2
+            assert start <= arrivals[0] <= arrivals[1]
+
+
+def test_the_stream_client_refuses_an_error_status() -> None:
+    with _serving(_sse_app(400)) as url:
+        client = bench.Streamer(url)
+        with pytest.raises(RuntimeError, match="400"):
+            asyncio.run(client.text_events({"stream": True}))
