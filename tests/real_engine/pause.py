@@ -59,17 +59,33 @@ def warm_up(server: OmniServer) -> None:
     assert (stream.status, stream.error) == (200, None), stream.error
 
 
+# How long the server's process tree is searched for its EngineCore: once
+# (seen once in CI, on the Ray server) a walk of the tree did not find an
+# EngineCore that was running and answering.
+_FIND_ENGINE_S = 10.0
+
+
 def engine_core_pid(server: OmniServer) -> int:
-    for child in psutil.Process(server.proc.pid).children(recursive=True):
+    deadline = time.monotonic() + _FIND_ENGINE_S
+    while True:
+        pid = _engine_core_under(server.proc.pid)
+        if pid is not None:
+            return pid
+        if time.monotonic() > deadline:
+            raise AssertionError("no EngineCore process under the server")
+        time.sleep(0.2)
+
+
+def _engine_core_under(pid: int) -> int | None:
+    for child in psutil.Process(pid).children(recursive=True):
         try:
-            if (
-                "EngineCore" in " ".join(child.cmdline())
-                or "EngineCore" in child.name()
-            ):
+            # The title is VLLM::EngineCore; the kernel's name keeps 15
+            # characters of it (VLLM::EngineCor).
+            if "EngineCore" in " ".join(child.cmdline()) or "EngineCor" in child.name():
                 return child.pid
-        except psutil.NoSuchProcess:
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-    raise AssertionError("no EngineCore process under the server")
+    return None
 
 
 class EnginePause:
