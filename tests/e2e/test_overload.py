@@ -270,6 +270,103 @@ def test_refused_on_every_transport_then_served(server: OmniServer) -> None:
     assert reply.status_code == 200
 
 
+def _head_only(
+    server: OmniServer, path: str, length: int, key: str | None = API_KEY
+) -> tuple[int, dict[str, str], bytes]:
+    """Send a POST's headers (``Content-Length: length``) and hold its body
+    back: the server's answer, read with a 10 s timeout."""
+    url = urlsplit(server.base_url)
+    auth = f"Authorization: Bearer {key}\r\n" if key else ""
+    with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
+        sock.sendall(
+            (
+                f"POST {path} HTTP/1.1\r\nHost: {url.netloc}\r\n{auth}"
+                f"X-Request-Id: held-body-{path.rsplit('/', 1)[-1]}\r\n"
+                "Content-Type: application/json\r\n"
+                f"Content-Length: {length}\r\n\r\n"
+            ).encode()
+        )
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            chunk = sock.recv(65536)
+            assert chunk, answer
+            answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        status_line, *lines = head.decode("latin-1").split("\r\n")
+        headers = dict(line.lower().split(": ", 1) for line in lines)
+        while len(body) < int(headers.get("content-length", "0")):
+            body += sock.recv(65536)
+    return int(status_line.split(" ")[1]), headers, body
+
+
+ADMITTED_ROUTES = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/images/generations",
+    "/v1/images/edits",
+    "/v1/audio/speech",
+)
+
+
+def test_refused_before_the_body_is_read(server: OmniServer) -> None:
+    """Issue 46: with the engine full, every route that submits work refuses
+    before it reads the body (a client holding its body back still hears
+    503 at once), with the same record, header, metrics and log line as a
+    refusal at admission; the key is still checked first, and the routes
+    that submit nothing still answer."""
+    holders = [_hold(server, i) for i in range(LIMIT)]
+    try:
+        _wait_in_flight(server, LIMIT)
+        before = metric_samples(server.base_url)
+        offset = len(server.log())
+        for path in ADMITTED_ROUTES:
+            status, headers, body = _head_only(server, path, 4096)
+            assert status == 503, (path, body)
+            assert headers["retry-after"] == "1"
+            assert headers["x-request-id"] == f"held-body-{path.rsplit('/', 1)[-1]}"
+            _assert_busy(json.loads(body)["error"])
+        # Without the key: 401 first, whatever the load.
+        status, _, body = _head_only(server, CHAT, 4096, key=None)
+        assert status == 401, body
+        # A body that would be a 400 is not read: overload answers first.
+        refused = httpx.post(
+            server.base_url + CHAT,
+            json={"messages": "not a list"},
+            headers={"Authorization": f"Bearer {API_KEY}"},
+            timeout=10,
+        )
+        assert refused.status_code == 503
+        # Routes that submit nothing are not refused.
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+        for path in ("/v1/models", "/v1/audio/voices", "/v1/videos"):
+            assert httpx.get(server.base_url + path, headers=headers).status_code == 200
+        assert httpx.get(server.base_url + "/health").status_code == 200
+
+        after = metric_samples(server.base_url)
+        refusals = len(ADMITTED_ROUTES) + 1
+        assert (
+            sample_delta(
+                before,
+                after,
+                "vllm_omni:admission_rejections_total",
+                reason="max_num_queued_reqs",
+                stage="",
+            )
+            == refusals
+        )
+        assert _503s_by_transport(before, after, ("http",)) == {"http": refusals}
+        assert after[("vllm_omni:requests_in_flight", ())] == LIMIT
+        lines = server.log()[offset:].splitlines()
+        assert not [line for line in lines if "ERROR" in line or "Traceback" in line]
+        assert sum("(overload)" in line and " INFO " in line for line in lines) == (
+            refusals
+        )
+    finally:
+        for sock in holders:
+            sock.close()
+    _wait_in_flight(server, 0)
+
+
 def _assert_talker_busy(error: dict[str, Any]) -> None:
     _assert_busy(error)
     assert error["stage_id"] == TALKER

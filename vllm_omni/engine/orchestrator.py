@@ -143,6 +143,12 @@ class Orchestrator:
                 handle, message.engine_status, message.recovery_window_s
             )
 
+    def check_admission(self, request_id: str) -> None:
+        """``QueueOverflowError`` (503) now if admission would refuse
+        ``request_id``: the engine-wide limit (``RequestTable``); a stage's
+        own limit is known once the request is routed, in ``generate``."""
+        self.requests.check_admission(request_id)
+
     # -- fault tolerance -------------------------------------------------------
 
     def check_faulted(self) -> None:

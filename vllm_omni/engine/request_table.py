@@ -109,8 +109,10 @@ class RequestTable:
         if request_id in self._requests:
             raise OmniConflictError("A request with this id is already in flight.")
 
-    def open(self, request_id: str) -> Request:
-        """Admit a request (or refuse it: the engine holds its maximum)."""
+    def check_admission(self, request_id: str) -> None:
+        """Refuse ``request_id`` when the engine holds its maximum already:
+        upstream's ``QueueOverflowError`` (503), counted once. ``open`` asks
+        it, and an HTTP route asks it before it reads its body (issue 46)."""
         if len(self._requests) >= self.max_num_queued_reqs:
             ADMISSION_REJECTIONS_TOTAL.labels("max_num_queued_reqs", ENGINE_WIDE).inc()
             logger.debug(
@@ -120,6 +122,10 @@ class RequestTable:
                 self.max_num_queued_reqs,
             )
             raise QueueOverflowError()
+
+    def open(self, request_id: str) -> Request:
+        """Admit a request (or refuse it: the engine holds its maximum)."""
+        self.check_admission(request_id)
         safe = sanitize_request_id(request_id) == request_id
         wire_id = request_id if safe else f"omni-{uuid.uuid4().hex}"
         request = Request(request_id, wire_id, asyncio.Queue())

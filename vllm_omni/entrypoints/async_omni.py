@@ -372,6 +372,14 @@ class AsyncOmni:
         for one in ids:
             self._orchestrator.abort(one, reason=reason)
 
+    def check_admission(self, request_id: str) -> None:
+        """Raise upstream's ``QueueOverflowError`` (503) now if ``generate``
+        would refuse ``request_id`` at admission (the engine holds
+        ``max_num_queued_reqs`` requests): a server asks before it reads a
+        request's body, so an overloaded engine refuses at once. ``generate``
+        still decides; a request this lets through may be refused there."""
+        self._orchestrator.check_admission(request_id)
+
     # -- health ----------------------------------------------------------------
 
     @property

@@ -33,6 +33,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 
 from vllm_omni.entrypoints.async_omni import AsyncOmni
+from vllm_omni.entrypoints.openai.admission import admit_before_body
 from vllm_omni.entrypoints.openai.auth import (
     authenticate_before_body,
     authenticate_documents,
@@ -134,6 +135,7 @@ def build_app(args: argparse.Namespace) -> FastAPI:
             dependencies=unicode if public else auth + unicode,
             responses=ERROR_RESPONSES,
         )
+    admit_before_body(app)
     authenticate_before_body(app)
     app.state.limits = RequestLimits.from_args(args)
     install_error_handling(

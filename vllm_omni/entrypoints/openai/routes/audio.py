@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from vllm_omni.entrypoints.openai import serving_speech
+from vllm_omni.entrypoints.openai.admission import admitted
 from vllm_omni.entrypoints.openai.protocol import SpeechRequest
 
 __all__ = ["router"]
@@ -17,6 +18,7 @@ __all__ = ["router"]
 router = APIRouter()
 
 
+@admitted
 @router.post(
     "/v1/audio/speech",
     response_class=Response,

@@ -16,6 +16,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import StreamingResponse
 
 from vllm_omni.entrypoints.openai import serving_text
+from vllm_omni.entrypoints.openai.admission import admitted
 from vllm_omni.entrypoints.openai.protocol import ChatCompletionRequest
 
 __all__ = ["router"]
@@ -23,6 +24,7 @@ __all__ = ["router"]
 router = APIRouter()
 
 
+@admitted
 @router.post(
     "/v1/chat/completions",
     response_model=None,

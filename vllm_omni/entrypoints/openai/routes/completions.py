@@ -14,6 +14,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import StreamingResponse
 
 from vllm_omni.entrypoints.openai import serving_text
+from vllm_omni.entrypoints.openai.admission import admitted
 from vllm_omni.entrypoints.openai.protocol import CompletionRequest
 
 __all__ = ["router"]
@@ -21,6 +22,7 @@ __all__ = ["router"]
 router = APIRouter()
 
 
+@admitted
 @router.post(
     "/v1/completions",
     response_model=None,

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Form, Request, UploadFile
 
 from vllm_omni.entrypoints.openai import serving_images
+from vllm_omni.entrypoints.openai.admission import admitted
 from vllm_omni.entrypoints.openai.protocol import (
     INT64_MAX,
     INT64_MIN,
@@ -24,6 +25,7 @@ __all__ = ["router"]
 router = APIRouter()
 
 
+@admitted
 @router.post("/v1/images/generations")
 async def generate_images(
     body: ImageGenerationRequest, request: Request
@@ -31,6 +33,7 @@ async def generate_images(
     return await serving_images.generate(request, body)
 
 
+@admitted
 @router.post("/v1/images/edits")
 async def edit_images(
     request: Request,
