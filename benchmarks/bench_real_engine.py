@@ -33,16 +33,24 @@ Run it in the real-engine environment (built by ``requirements/cpu-engine.sh``):
 
     VLLM_OMNI_REAL_ENGINE=1 .venv-cpu-engine/bin/python -m benchmarks.bench_real_engine
 
-Both sides' engines share one core: the HTTP servers are started under
-``taskset`` on the last core (their EngineCore and worker inherit it), the
-in-process engines' ``VLLM::`` processes are pinned there once up; this
-process, the client, runs on the others. A run is ``--repeat`` repetitions
-(3 by default), each with fresh engines and servers, the side started first
-alternating (A, B, A … not all of one then all of the other): which engine
-the scheduler and the allocator favour changes with every start, and a
-single start's verdict would follow it. Each row pools every repetition's
-pairs and prints each repetition's own ratio and how far apart they are.
-``--no-pin`` leaves every process where the scheduler puts it.
+Where each process runs (``--no-pin`` leaves it to the scheduler): both
+sides' model workers (``VLLM::Worker``, where the forward pass runs) on the
+last core, each alone while it is measured (the other side's has settled);
+everything else (the servers, their ``VLLM::EngineCore``, the in-process
+engines' clients and this process, the client) on the others. An
+EngineCore waits for its worker's output by spinning with
+``sched_yield``: on the worker's own core it took a share of every step
+that changed from one start to the next (a repetition's inter-token ratio
+0.69–1.17 on the idle machine, 2026-12-06), beside it the step is the
+worker's. The servers start under ``setarch -R`` (no address-space
+randomization) and ``PYTHONHASHSEED=0``, the same for both
+(``OMNI_BENCH_ASLR=1`` keeps randomization). A run is ``--repeat``
+repetitions (3 by default), each with fresh engines and servers, the side
+started first alternating (A, B, A … not all of one then all of the
+other): which engine the scheduler and the allocator favour changes with
+every start, and a single start's verdict would follow it. Each row pools
+every repetition's pairs and prints each repetition's own ratio and how far
+apart they are.
 
 ``--quick`` runs every metric a few times (CI: it must not rot), ``--no-http``
 leaves the two servers out, ``--http-only`` the two engines.
@@ -73,7 +81,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -112,7 +120,7 @@ class Rounds:
     # Fresh engines (and servers) per repetition, started in alternating
     # order; the rows pool every repetition's pairs.
     repeat: int = 1
-    # Both sides' engines on the same last core, the client on the others.
+    # Both sides' workers on the last core, everything else on the others.
     pin: bool = True
 
 
@@ -1037,12 +1045,12 @@ def _pin(pid: int, cores: set[int]) -> None:
 
 @contextlib.contextmanager
 def _engines_pinned(pin: bool) -> Iterator[None]:
-    """Both sides' engine processes (vLLM's ``VLLM::EngineCore`` and
-    ``VLLM::Worker``, children of this process or of our stage processes)
-    on the same last core, this process on the others, while measuring: on
-    2 cores the scheduler otherwise places each side's engine its own way,
-    and a run's verdict follows the placement, not the contract. Nothing on
-    a single core, or without ``pin``."""
+    """While measuring, both sides' model workers (``VLLM::Worker``,
+    children of this process or of our stage processes) on the last core,
+    their ``VLLM::EngineCore`` and this process on the others (see the
+    module's docstring): on 2 cores the scheduler otherwise places each
+    side's engine its own way, and a run's verdict follows the placement,
+    not the contract. Nothing on a single core, or without ``pin``."""
     import psutil
 
     cores = sorted(os.sched_getaffinity(0))
@@ -1051,10 +1059,11 @@ def _engines_pinned(pin: bool) -> Iterator[None]:
         return
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
-            if child.name().startswith("VLLM::") or any(
-                part.startswith("VLLM::") for part in child.cmdline()[:1]
-            ):
+            name = child.name()
+            if name.startswith("VLLM::Worker"):
                 _pin(child.pid, {cores[-1]})
+            elif name.startswith("VLLM::"):
+                _pin(child.pid, set(cores[:-1]))
     _pin(os.getpid(), set(cores[:-1]))
     try:
         yield
@@ -1064,22 +1073,44 @@ def _engines_pinned(pin: bool) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _servers_pinned(pin: bool) -> Iterator[tuple[str, ...]]:
-    """``taskset`` pinning both servers (their engines inherit it) to the same
-    last core, with this process (the client) on the others until the
-    servers are measured: on 2 cores the scheduler otherwise places each
-    side's EngineCore and worker its own way, and a run's verdict follows
-    the placement, not the contract. Nothing on a single core, without
-    ``taskset`` or without ``pin``."""
+    """The command prefix that starts both servers on the last core
+    (``taskset``; ``_split_servers`` places their processes once they are
+    up) without address-space randomization (``setarch -R``), with this
+    process (the client) on the others until the servers are measured.
+    Nothing on a single core, without ``taskset`` or without ``pin``."""
     cores = sorted(os.sched_getaffinity(0))
     taskset = shutil.which("taskset")
     if len(cores) < 2 or taskset is None or not pin:
         yield ()
         return
     os.sched_setaffinity(0, cores[:-1])
+    fixed: tuple[str, ...] = ()
+    setarch = shutil.which("setarch")
+    if setarch is not None and os.environ.get("OMNI_BENCH_ASLR") != "1":
+        fixed = (setarch, os.uname().machine, "-R")
     try:
-        yield (taskset, "-c", str(cores[-1]))
+        yield (*fixed, taskset, "-c", str(cores[-1]))
     finally:
         os.sched_setaffinity(0, cores)
+
+
+def _split_servers(servers: Iterable[Any], cores: Sequence[int]) -> None:
+    """Once the servers are up: their model workers (``VLLM::Worker``) on
+    the last core, every other process of theirs (the API server, ours
+    with its orchestrator and in-process stage, the ``VLLM::EngineCore``)
+    on the client's cores, thread by thread (vLLM's CPU worker binds its
+    threads itself when it starts: to the first core here, beside the
+    client). The layout of the in-process rows (``_engines_pinned``)."""
+    import psutil
+
+    last, others = {cores[-1]}, set(cores[:-1])
+    for server in servers:
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(server.proc.pid)
+            for process in (root, *root.children(recursive=True)):
+                with contextlib.suppress(psutil.Error):
+                    worker = process.name().startswith("VLLM::Worker")
+                    _pin(process.pid, last if worker else others)
 
 
 def _server_commands(
@@ -1131,19 +1162,29 @@ def _measure_servers(
         str(engine_args["max_num_seqs"]),
         "--enforce-eager",
     )
+    cores = sorted(os.sched_getaffinity(0))
+    hashed = {"PYTHONHASHSEED": "0"} if rounds.pin else {}
     with _servers_pinned(rounds.pin) as pin:
         upstream, omni = _server_commands(pin, measure is not None)
         starts: dict[str, Callable[[], Any]] = {
             "upstream": lambda: start_command(
-                directory / "upstream", upstream, *same, job_store=False
+                directory / "upstream", upstream, *same, job_store=False, env=hashed
             ),
             "omni": lambda: start_command(
-                directory / "omni", omni, *same, "--omni", "--startup-timeout", "600"
+                directory / "omni",
+                omni,
+                *same,
+                "--omni",
+                "--startup-timeout",
+                "600",
+                env=hashed,
             ),
         }
         order = ("upstream", "omni") if upstream_first else ("omni", "upstream")
         servers = {name: starts[name]() for name in order}
         with running_servers(servers) as ready:
+            if pin:
+                _split_servers(ready.values(), cores)
             return asyncio.run((measure or measure_http)(ready, rounds))
 
 
@@ -1303,7 +1344,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"load average {load[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end"
     )
     print(f"our vllm stage: {PLACEMENTS[args.placement]}")
-    print("engines:", "unpinned" if args.no_pin else "both on the last core")
+    print(
+        "engines:",
+        "unpinned"
+        if args.no_pin
+        else "both workers on the last core, the rest on the others",
+    )
     print(f"{'benchmark':<48} {'ours':>9} {'upstream':>9}  unit")
     for row in rows:
         print(

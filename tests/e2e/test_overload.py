@@ -118,6 +118,17 @@ def _503s_by_transport(
     }
 
 
+def _engine_refusals(before: Samples, after: Samples) -> float:
+    """Growth of the engine-wide limit's ``admission_rejections_total``."""
+    return sample_delta(
+        before,
+        after,
+        "vllm_omni:admission_rejections_total",
+        reason="max_num_queued_reqs",
+        stage="",
+    )
+
+
 def _job_until_finished(server: OmniServer, job_id: str) -> dict[str, Any]:
     deadline = time.monotonic() + 10
     while True:
@@ -236,16 +247,7 @@ def test_refused_on_every_transport_then_served(server: OmniServer) -> None:
         assert "retry-after" not in content.headers
 
         after = metric_samples(server.base_url)
-        assert (
-            sample_delta(
-                before,
-                after,
-                "vllm_omni:admission_rejections_total",
-                reason="max_num_queued_reqs",
-                stage="",
-            )
-            == 4
-        )
+        assert _engine_refusals(before, after) == 4
         by_transport = _503s_by_transport(before, after, ("http", "websocket", "job"))
         # http: SDK, stream, and the failed job's content read back.
         assert by_transport == {"http": 3, "websocket": 1, "job": 1}
@@ -344,16 +346,7 @@ def test_refused_before_the_body_is_read(server: OmniServer) -> None:
 
         after = metric_samples(server.base_url)
         refusals = len(ADMITTED_ROUTES) + 1
-        assert (
-            sample_delta(
-                before,
-                after,
-                "vllm_omni:admission_rejections_total",
-                reason="max_num_queued_reqs",
-                stage="",
-            )
-            == refusals
-        )
+        assert _engine_refusals(before, after) == refusals
         assert _503s_by_transport(before, after, ("http",)) == {"http": refusals}
         assert after[("vllm_omni:requests_in_flight", ())] == LIMIT
         lines = server.log()[offset:].splitlines()
