@@ -35,14 +35,13 @@ Run it in the real-engine environment (built by ``requirements/cpu-engine.sh``):
 
 Where each process runs (``--no-pin`` leaves it to the scheduler): both
 sides' model workers (``VLLM::Worker``, where the forward pass runs) on the
-last core, each alone while it is measured (the other side's has settled);
-everything else (the servers, their ``VLLM::EngineCore``, the in-process
-engines' clients and this process, the client) on the others. An
-EngineCore waits for its worker's output by spinning with
-``sched_yield``: on the worker's own core it took a share of every step
-that changed from one start to the next (a repetition's inter-token ratio
-0.69–1.17 on the idle machine, 2026-12-06), beside it the step is the
-worker's. The servers start under ``setarch -R`` (no address-space
+last core, each alone while it is measured (the other side's has settled),
+everything else (the servers, every ``VLLM::EngineCore``, this process)
+on the others. An EngineCore waits for its worker's output by
+spinning with ``sched_yield``: on the worker's own core it took a share of
+every step that changed from one start to the next (a repetition's HTTP
+inter-token ratio 0.69–1.17 on the idle machine, 2026-12-06); beside it
+the step is the worker's. The servers start under ``setarch -R`` (no address-space
 randomization) and ``PYTHONHASHSEED=0``, the same for both
 (``OMNI_BENCH_ASLR=1`` keeps randomization). A run is ``--repeat``
 repetitions (3 by default), each with fresh engines and servers, the side
@@ -1047,10 +1046,11 @@ def _pin(pid: int, cores: set[int]) -> None:
 def _engines_pinned(pin: bool) -> Iterator[None]:
     """While measuring, both sides' model workers (``VLLM::Worker``,
     children of this process or of our stage processes) on the last core,
-    their ``VLLM::EngineCore`` and this process on the others (see the
-    module's docstring): on 2 cores the scheduler otherwise places each
-    side's engine its own way, and a run's verdict follows the placement,
-    not the contract. Nothing on a single core, or without ``pin``."""
+    their ``VLLM::EngineCore`` and this process on the others, as the
+    servers' (``_split_servers``; the module's docstring says why): on 2
+    cores the scheduler otherwise places each side's engine its own way,
+    and a run's verdict follows the placement, not the contract. Nothing on
+    a single core, or without ``pin``."""
     import psutil
 
     cores = sorted(os.sched_getaffinity(0))

@@ -1124,18 +1124,83 @@ def expected_log(records: list[Record]) -> Counter[str]:
 # -- the burst phase ---------------------------------------------------------------
 
 
+class _Connection:
+    """One HTTP/1.1 connection of the burst, opened before the clock starts
+    (a few lines of asyncio, not httpx): 302 requests sent at once from one
+    process through httpx measured the client's own queue, its connection
+    set-up and request building, more than the server's answer (p99 2–3.6 s
+    before issue 46). Each request's time runs from its write to its whole
+    response read."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.reader = reader
+        self.writer = writer
+
+    @classmethod
+    async def open(cls, base_url: str) -> _Connection:
+        address = httpx.URL(base_url)
+        reader, writer = await asyncio.open_connection(address.host, address.port)
+        return cls(reader, writer)
+
+    async def post(
+        self, path: str, body: dict[str, Any]
+    ) -> tuple[httpx.Response, float]:
+        payload = json.dumps(body).encode()
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            "Content-Type: application/json\r\nConnection: close\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n"
+        ).encode()
+        began = time.monotonic()
+        self.writer.write(head + payload)
+        await self.writer.drain()
+        status_line, *lines = (
+            (await self.reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        )
+        headers = [tuple(line.split(": ", 1)) for line in lines if ": " in line]
+        length = next(
+            (int(v) for k, v in headers if k.lower() == "content-length"), None
+        )
+        if length is not None:
+            content = await self.reader.readexactly(length)
+        else:  # chunked, or until the server closes
+            content = _dechunked(await self.reader.read())
+        seconds = time.monotonic() - began
+        self.writer.close()
+        response = httpx.Response(
+            int(status_line.split(" ", 2)[1]),
+            headers=[(k, v) for k, v in headers if k.lower() != "transfer-encoding"],
+            content=content,
+        )
+        return response, seconds
+
+
+def _dechunked(data: bytes) -> bytes:
+    body = bytearray()
+    while data:
+        size_line, _, data = data.partition(b"\r\n")
+        size = int(size_line.split(b";")[0] or b"0", 16)
+        if size == 0:
+            break
+        body += data[:size]
+        data = data[size + 2 :]
+    return bytes(body)
+
+
 async def _burst_one(
-    http: httpx.AsyncClient, index: int, params: dict[str, Any]
+    connection: _Connection, index: int, params: dict[str, Any]
 ) -> tuple[Record, float]:
     rec = Record("burst", "http 200 or 503")
-    began = time.monotonic()
     body = {"prompt": f"burst {index}", **params}
     try:
-        response = await http.post("/v1/images/generations", json=body)
+        response, seconds = await asyncio.wait_for(
+            connection.post("/v1/images/generations", body), REQUEST_TIMEOUT_S
+        )
     except Exception as exc:
+        connection.writer.close()
         rec.observed = f"client {type(exc).__name__}"
         rec.problems.append(f"client: {type(exc).__name__}: {exc}"[:200])
-        return rec, time.monotonic() - began
+        return rec, REQUEST_TIMEOUT_S
     overloaded = response.status_code == 503
     rec.observed = _http_outcome(
         rec, response, Spec("Service Unavailable") if overloaded else None
@@ -1151,21 +1216,28 @@ async def _burst_one(
         ):
             rec.problems.append("burst: 200 without its PNGs")
     rec.expected = rec.observed if rec.observed in ("http 200", "http 503") else ""
-    return rec, time.monotonic() - began
+    return rec, seconds
+
+
+# The target for the p99 time to a refusal (docs/performance.md, issue 46):
+# a client told to come back later is told at once. Printed, not gated: a
+# speed target on a shared CI machine is a benchmark's figure, not a check.
+REFUSAL_P99_TARGET_S = 0.100
 
 
 async def _burst(server: OmniServer, report: Report) -> list[Record]:
-    """Two heavy requests, then BURST small ones, all at once."""
+    """Two heavy requests, then BURST small ones, all at once, each on a
+    connection of its own opened before."""
     params = [{"n": 10, "size": "1024x1024"}] * 2 + [{"size": "64x64"}] * BURST
-    limits = httpx.Limits(max_connections=len(params))
-    async with httpx.AsyncClient(
-        base_url=server.base_url, limits=limits, timeout=REQUEST_TIMEOUT_S
-    ) as http:
-        began = time.monotonic()
-        results = await asyncio.gather(
-            *(_burst_one(http, i, p) for i, p in enumerate(params))
+    connections = [await _Connection.open(server.base_url) for _ in params]
+    began = time.monotonic()
+    results = await asyncio.gather(
+        *(
+            _burst_one(c, i, p)
+            for i, (c, p) in enumerate(zip(connections, params, strict=True))
         )
-        report.burst_s = time.monotonic() - began
+    )
+    report.burst_s = time.monotonic() - began
     records = [rec for rec, _ in results]
     refusal_times = sorted(t for rec, t in results if rec.refusals)
     ended = sum(r.observed in ("http 200", "http 503") for r in records)
@@ -1774,7 +1846,9 @@ def summary(report: Report) -> str:
         f"burst: {BURST + 2} image requests at once, limit {QUEUE_LIMIT}: "
         f"{report.burst_ok} served, {report.burst_refused} refused (503) in "
         f"{report.burst_s:.1f} s; p99 time to a 503 "
-        f"{report.burst_p99_refusal_s * 1000:.0f} ms"
+        f"{report.burst_p99_refusal_s * 1000:.0f} ms (target "
+        f"<= {REFUSAL_P99_TARGET_S * 1000:.0f} ms: "
+        f"{'met' if report.burst_p99_refusal_s <= REFUSAL_P99_TARGET_S else 'NOT met'})"
     )
 
 
