@@ -97,6 +97,9 @@ class _RaisingEngine:
     async def check_health(self) -> None:
         return None
 
+    def check_admission(self, request_id: str) -> None:
+        return None
+
     def stage_for(self, modality: str) -> StageConfig | None:
         return StageConfig(1, "thinker", "text") if modality == "text" else None
 
