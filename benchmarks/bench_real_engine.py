@@ -1042,6 +1042,16 @@ def _pin(pid: int, cores: set[int]) -> None:
                 os.sched_setaffinity(thread.id, cores)
 
 
+def _place(process: Any, cores: Sequence[int]) -> None:
+    """A model worker (``VLLM::Worker``) alone on the last core, any other
+    process on the others (the module's docstring says why)."""
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        worker = process.name().startswith("VLLM::Worker")
+        _pin(process.pid, {cores[-1]} if worker else set(cores[:-1]))
+
+
 @contextlib.contextmanager
 def _engines_pinned(pin: bool) -> Iterator[None]:
     """While measuring, both sides' model workers (``VLLM::Worker``,
@@ -1059,11 +1069,8 @@ def _engines_pinned(pin: bool) -> Iterator[None]:
         return
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
-            name = child.name()
-            if name.startswith("VLLM::Worker"):
-                _pin(child.pid, {cores[-1]})
-            elif name.startswith("VLLM::"):
-                _pin(child.pid, set(cores[:-1]))
+            if child.name().startswith("VLLM::"):
+                _place(child, cores)
     _pin(os.getpid(), set(cores[:-1]))
     try:
         yield
@@ -1103,14 +1110,11 @@ def _split_servers(servers: Iterable[Any], cores: Sequence[int]) -> None:
     client). The layout of the in-process rows (``_engines_pinned``)."""
     import psutil
 
-    last, others = {cores[-1]}, set(cores[:-1])
     for server in servers:
         with contextlib.suppress(psutil.Error):
             root = psutil.Process(server.proc.pid)
             for process in (root, *root.children(recursive=True)):
-                with contextlib.suppress(psutil.Error):
-                    worker = process.name().startswith("VLLM::Worker")
-                    _pin(process.pid, last if worker else others)
+                _place(process, cores)
 
 
 def _server_commands(
