@@ -259,8 +259,9 @@ def test_serve_imports_nothing_on_the_engine_loop() -> None:
     code = (
         "import sys\n"
         "import vllm_omni.engine.stage_worker\n"
-        "from vllm_omni.entrypoints.cli.serve import _import_server, make_parser\n"
-        "server = _import_server()\n"
+        "from vllm_omni.entrypoints.cli.api_servers import import_server\n"
+        "from vllm_omni.entrypoints.cli.serve import make_parser\n"
+        "server = import_server()\n"
         "before = set(sys.modules)\n"
         "server.build_app(make_parser().parse_args([]))\n"
         "print(sorted(set(sys.modules) - before))\n"

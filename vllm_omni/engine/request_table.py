@@ -35,6 +35,7 @@ __all__ = [
     "Aborted",
     "Request",
     "RequestTable",
+    "refuse_over_limit",
 ]
 
 logger = logging.getLogger(__name__)
@@ -43,6 +44,22 @@ logger = logging.getLogger(__name__)
 # ``--max-num-queued-reqs``); big enough for bursts, small enough that the
 # queued work drains well inside a typical stage deadline.
 DEFAULT_MAX_NUM_QUEUED_REQS = 1024
+
+
+def refuse_over_limit(request_id: str, in_flight: int, limit: int) -> None:
+    """Raise upstream's ``QueueOverflowError`` (503), counted once, when
+    ``in_flight`` requests already fill the engine-wide ``limit``: the
+    engine's own check and an API server process's early one (which reads
+    the count from the admission board) refuse the same way."""
+    if in_flight >= limit:
+        ADMISSION_REJECTIONS_TOTAL.labels("max_num_queued_reqs", ENGINE_WIDE).inc()
+        logger.debug(
+            "request %s refused: %d requests in flight (max %d)",
+            request_id,
+            in_flight,
+            limit,
+        )
+        raise QueueOverflowError()
 
 
 class Aborted:
@@ -97,6 +114,9 @@ class RequestTable:
         self._by_wire: dict[str, Request] = {}
         # Requests each stage holds, for the stages' own admission limits.
         self._stage_load = {stage.id: 0 for stage in pipeline.stages}
+        # Told the number in flight whenever it changes (the admission board
+        # API server processes read: ``entrypoints.engine_rpc``).
+        self.count_listener: Callable[[int], None] | None = None
         for stage in pipeline.stages:
             if stage.max_num_queued_reqs is not None:
                 ADMISSION_REJECTIONS_TOTAL.labels("max_num_queued_reqs", str(stage.id))
@@ -113,15 +133,7 @@ class RequestTable:
         """Refuse ``request_id`` when the engine holds its maximum already:
         upstream's ``QueueOverflowError`` (503), counted once. ``open`` asks
         it, and an HTTP route asks it before it reads its body (issue 46)."""
-        if len(self._requests) >= self.max_num_queued_reqs:
-            ADMISSION_REJECTIONS_TOTAL.labels("max_num_queued_reqs", ENGINE_WIDE).inc()
-            logger.debug(
-                "request %s refused: %d requests in flight (max %d)",
-                request_id,
-                len(self._requests),
-                self.max_num_queued_reqs,
-            )
-            raise QueueOverflowError()
+        refuse_over_limit(request_id, len(self._requests), self.max_num_queued_reqs)
 
     def open(self, request_id: str) -> Request:
         """Admit a request (or refuse it: the engine holds its maximum)."""
@@ -132,6 +144,8 @@ class RequestTable:
         self._requests[request_id] = request
         self._by_wire[wire_id] = request
         REQUESTS_IN_FLIGHT.inc()
+        if self.count_listener is not None:
+            self.count_listener(len(self._requests))
         return request
 
     def remove(self, request: Request) -> None:
@@ -142,6 +156,8 @@ class RequestTable:
         self._requests.pop(request.request_id, None)
         self._by_wire.pop(request.wire_id, None)
         REQUESTS_IN_FLIGHT.dec()
+        if self.count_listener is not None:
+            self.count_listener(len(self._requests))
 
     def _at_stage(self, stage_id: int) -> list[Request]:
         """The open requests a stage holds now."""

@@ -12,7 +12,7 @@ import contextlib
 import os
 import uuid
 import weakref
-from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, get_args
 
 from vllm_omni.config import (
@@ -379,6 +379,19 @@ class AsyncOmni:
         request's body, so an overloaded engine refuses at once. ``generate``
         still decides; a request this lets through may be refused there."""
         self._orchestrator.check_admission(request_id)
+
+    def watch_in_flight(self, listener: Callable[[int], None] | None) -> None:
+        """Tell ``listener`` how many requests are in flight now and whenever
+        that changes (an API server process in front of this engine reads it
+        for its early admission check); ``None`` stops telling."""
+        self._orchestrator.requests.count_listener = listener
+        if listener is not None:
+            listener(len(self._orchestrator.requests))
+
+    @property
+    def max_num_queued_reqs(self) -> int:
+        """The engine-wide admission limit (``--max-num-queued-reqs``)."""
+        return self._orchestrator.max_num_queued_reqs
 
     # -- health ----------------------------------------------------------------
 

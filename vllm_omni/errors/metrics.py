@@ -119,13 +119,21 @@ FAULTED_REFUSALS_TOTAL = Counter(
     "was named).",
     ["stage"],
 )
+# With several API server processes (``--api-server-count``) every process
+# keeps its metrics in prometheus_client's multiprocess files and ``/metrics``
+# sums them; the gauges are the engine process's alone, so the live process's
+# value is the value (no ``pid`` label).
+_ENGINE_PROCESS = "livesum"
+
 REQUESTS_IN_FLIGHT = Gauge(
     "vllm_omni:requests_in_flight",
     "Requests admitted by the engine and not yet finished.",
+    multiprocess_mode=_ENGINE_PROCESS,
 )
 ENGINE_DEAD = Gauge(
     "vllm_omni:engine_dead",
     "1 once a stage died or failed fatally, until a new engine starts; else 0.",
+    multiprocess_mode=_ENGINE_PROCESS,
 )
 # A stage's status as the orchestrator sees it: serving (``healthy``), not
 # heard from (``silent``), its engine faulted (vLLM 0.34's ``diagnosing`` and
@@ -138,18 +146,21 @@ STAGE_STATUS = Gauge(
     "Each stage's status, one series per status: 1 for the current one "
     "(healthy, silent, diagnosing, unhealthy, dead), 0 for the others.",
     ["stage", "status"],
+    multiprocess_mode=_ENGINE_PROCESS,
 )
 STAGE_FAULTED_SECONDS = Gauge(
     "vllm_omni:stage_faulted_seconds",
     "How long the stage's engine has been faulted (diagnosing or unhealthy) in "
     "its current fault; 0 while it is not.",
     ["stage"],
+    multiprocess_mode=_ENGINE_PROCESS,
 )
 STAGE_RECOVERY_WINDOW = Gauge(
     "vllm_omni:stage_recovery_window_seconds",
     "The recovery window of a stage whose engine runs fault tolerance (vLLM's "
     "engine_recovery_timeout_sec): faulted longer, the engine gives up.",
     ["stage"],
+    multiprocess_mode=_ENGINE_PROCESS,
 )
 STAGE_RECOVERIES_TOTAL = Counter(
     "vllm_omni:stage_recoveries",

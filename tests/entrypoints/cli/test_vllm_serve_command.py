@@ -169,8 +169,8 @@ def test_without_a_model_the_pipeline_is_served(
             "--middleware is not supported by vllm-omni serve",
         ),
         (
-            ("org/model", "--api-server-count", "2"),
-            "--api-server-count is not supported by vllm-omni serve",
+            ("org/model", "--headless"),
+            "--headless is not supported by vllm-omni serve",
         ),
         (
             ("org/model", "--served-model-name", "a", "b"),
@@ -244,6 +244,29 @@ def test_enable_request_id_headers_is_accepted_it_is_always_on_here(
 ) -> None:
     served = _resolve(parser, own, "org/model", "--enable-request-id-headers")
     assert served.args.enable_request_id_headers is True
+
+
+@pytest.mark.parametrize("spelling", [("--api-server-count", "3"), ("-asc", "3")])
+def test_api_server_count_is_honoured_on_both_parsers(
+    parser: Any,
+    own: set[str],
+    spelling: tuple[str, str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """vLLM's spellings, with a model (vLLM's parser) and without (the light
+    one); a count below 1 (vLLM's headless mode) is refused in one line."""
+    from vllm_omni.entrypoints.cli import serve
+
+    served = _resolve(parser, own, "org/model", *spelling)
+    assert served.args.api_server_count == 3
+    light = serve._parse(["--pipeline", "reference", *spelling])
+    assert light.api_server_count == 3
+    with pytest.raises(SystemExit) as exited:
+        serve._parse(["org/model", "--api-server-count", "0"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == (
+        f"{PROG}argument --api-server-count/-asc: must be a positive integer\n"
+    )
 
 
 def _help(parser: Any, capsys: pytest.CaptureFixture[str], *argv: str) -> str:

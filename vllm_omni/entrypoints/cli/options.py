@@ -53,13 +53,21 @@ def _positive_float(text: str) -> float:
 
 
 def add_frontend_options(parser: argparse.ArgumentParser) -> None:
-    """``--host``, ``--port`` and ``--api-key`` as the light parser knows them."""
+    """``--host``, ``--port``, ``--api-key`` and ``--api-server-count`` as the
+    light parser knows them."""
     parser.add_argument("--host", default=DEFAULT_HOST)
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument(
         "--api-key",
         default=default_api_key(),
         help="require 'Authorization: Bearer KEY' (default: $VLLM_OMNI_API_KEY)",
+    )
+    parser.add_argument(
+        "--api-server-count",
+        "-asc",
+        type=_positive_int,
+        default=None,
+        help="API server processes on the port, in front of one pipeline (default 1)",
     )
 
 

@@ -17,18 +17,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib
 import logging
 import os
 import socket
 import sys
 from collections.abc import Sequence
-from types import ModuleType
 from typing import NoReturn
 
 import uvloop
 
 from vllm_omni.config import PipelineConfig
+from vllm_omni.entrypoints.cli.api_servers import (
+    engine_kwargs,
+    fork_api_servers,
+    import_server,
+    log_format,
+    serve_engine,
+)
 from vllm_omni.entrypoints.cli.options import (
     add_frontend_options,
     add_omni_options,
@@ -38,7 +43,7 @@ from vllm_omni.entrypoints.cli.options import (
 __all__ = ["main", "make_parser", "preflight"]
 
 _PROG = "vllm-omni serve"
-_API_SERVER = "vllm_omni.entrypoints.openai.api_server"
+_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # The exit code of a check that failed before startup (argparse's too).
 _USAGE_ERROR = 2
 
@@ -121,42 +126,15 @@ async def _serve(args: argparse.Namespace) -> int:
     (which the stages do not need), then serve."""
     from vllm_omni.entrypoints.async_omni import AsyncOmni
 
-    limits: dict[str, float] = {}
-    if args.max_num_queued_reqs is not None:
-        limits["max_num_queued_reqs"] = args.max_num_queued_reqs
-    if args.startup_timeout is not None:
-        limits["startup_timeout_s"] = args.startup_timeout
-    starting = asyncio.create_task(
-        AsyncOmni.create(
-            pipeline=args.pipeline,
-            worker_backend=args.worker_backend,
-            ray_address=args.ray_address,
-            otlp_traces_endpoint=args.otlp_traces_endpoint,
-            **limits,
-        )
-    )
+    starting = asyncio.create_task(AsyncOmni.create(**engine_kwargs(args)))
     try:
-        api_server = await asyncio.to_thread(_import_server)
+        api_server = await asyncio.to_thread(import_server)
     except BaseException:
         starting.cancel()
         with contextlib.suppress(BaseException):
             (await starting).shutdown()
         raise
     return int(await api_server.run_server(args, engine=await starting))
-
-
-def _import_server() -> ModuleType:
-    """The API server module and its route modules, imported (in a thread).
-
-    Nothing of it may be imported on the engine's loop once the engine runs:
-    the route modules import vLLM's serving code, seconds of work that holds
-    the GIL, and meanwhile the loop sends no heartbeat to stages on other
-    hosts (measured: 10 to 60 s, past a remote stage's orchestrator timeout
-    on a loaded host) and reads none of their messages.
-    """
-    module = importlib.import_module(_API_SERVER)
-    module.route_modules()
-    return module
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -205,9 +183,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PreflightError as exc:
         sys.stderr.write(f"{_PROG}: error: {exc}\n")
         return _USAGE_ERROR
+    count = getattr(args, "api_server_count", None) or 1
     logging.basicConfig(
         level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format=log_format("engine") if count > 1 else _LOG_FORMAT,
     )
     from vllm_omni.errors.logs import install_log_redaction
 
@@ -218,13 +197,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     from vllm_omni.errors import VLLMValidationError
     from vllm_omni.tracing.provider import flush as flush_traces
 
+    # With several API server processes they are forked first, while no
+    # thread runs, and share the bound port (``api_servers``).
+    servers = fork_api_servers(args, count) if count > 1 else None
     # The stage worker (and with it vLLM) is imported and no thread runs yet:
     # the stage launcher is a fork of this process and imports nothing.
     start_launcher(fork=True)
     code = 0
     try:
         # The loop ``vllm serve`` runs on.
-        code = uvloop.run(_serve(args))
+        if servers is None:
+            code = uvloop.run(_serve(args))
+        else:
+            code = uvloop.run(serve_engine(args, servers))
     except KeyboardInterrupt:
         code = 0
     except (VLLMValidationError, StageStartupError) as exc:

@@ -67,6 +67,8 @@ HONOURED_FRONTEND = frozenset(
         "h11_max_header_count",
         # Always on here: every response carries X-Request-Id.
         "enable_request_id_headers",
+        # API server processes in front of the pipeline (cli.api_servers).
+        "api_server_count",
     }
 )
 # Parser entries that are neither engine nor frontend arguments.

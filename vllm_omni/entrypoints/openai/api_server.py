@@ -159,9 +159,16 @@ def build_app(args: argparse.Namespace) -> FastAPI:
             allow_methods=args.allowed_methods,
             allow_headers=args.allowed_headers,
         )
-    Instrumentator(excluded_handlers=_UNMETERED).instrument(app).expose(
-        app, response_class=_PrometheusResponse, include_in_schema=False
-    )
+    instrumentator = Instrumentator(excluded_handlers=_UNMETERED).instrument(app)
+    if (getattr(args, "api_server_count", None) or 1) > 1:
+        # One of several API server processes: the sums over all of them.
+        from vllm_omni.entrypoints.engine_rpc.metrics import metrics_endpoint
+
+        app.add_route("/metrics", metrics_endpoint, include_in_schema=False)
+    else:
+        instrumentator.expose(
+            app, response_class=_PrometheusResponse, include_in_schema=False
+        )
     openapi = importlib.import_module(_OPENAPI)
     app.openapi = functools.partial(openapi.served, app)  # type: ignore[method-assign]
     # FastAPI's /openapi.json route, replaced by one that awaits the document.
@@ -214,12 +221,19 @@ async def init_app_state(
     importlib.import_module(_OPENAPI).prepare(app)
 
 
-async def run_server(args: argparse.Namespace, engine: AsyncOmni) -> int:
+async def run_server(
+    args: argparse.Namespace,
+    engine: AsyncOmni,
+    *,
+    exit_signals: Sequence[signal.Signals] = _EXIT_SIGNALS,
+) -> int:
     """Serve ``engine`` (started by ``vllm-omni serve``, which overlaps its
     start with this module's import) until told to stop or the engine dies;
     shuts the engine down in every case.
 
     Returns the process exit code: 1 when the engine died, else 0.
+    ``exit_signals`` stop it gracefully (one of several API server
+    processes leaves SIGINT to the engine process, which stops it).
     """
     try:
         app = build_app(args)
@@ -243,7 +257,7 @@ async def run_server(args: argparse.Namespace, engine: AsyncOmni) -> int:
         server = _LoopSignalServer(config)
         app.state.server = server
         loop = asyncio.get_running_loop()
-        for sig in _EXIT_SIGNALS:
+        for sig in exit_signals:
             loop.add_signal_handler(sig, _request_exit, server)
         watchdog = asyncio.create_task(_watch_engine(server, engine))
         freeze = asyncio.create_task(_freeze_when_warm(app))
@@ -262,7 +276,7 @@ async def run_server(args: argparse.Namespace, engine: AsyncOmni) -> int:
         finally:
             watchdog.cancel()
             freeze.cancel()
-            for sig in _EXIT_SIGNALS:
+            for sig in exit_signals:
                 loop.remove_signal_handler(sig)
         return 1 if engine.errored else 0
     finally:

@@ -7,7 +7,8 @@ prompt) and reads the engine and limits the app holds. It imports no route.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import inspect
+from typing import TYPE_CHECKING, TypeVar
 
 from starlette.requests import HTTPConnection
 
@@ -21,6 +22,8 @@ from vllm_omni.errors.http import request_id_of
 from vllm_omni.errors.text import make_safe
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
     from vllm_omni.entrypoints.async_omni import AsyncOmni
 
 __all__ = [
@@ -30,8 +33,20 @@ __all__ = [
     "limits_of",
     "request_id_of",
     "require_modality",
+    "resolved",
     "unknown_model",
 ]
+
+_T = TypeVar("_T")
+
+
+async def resolved(value: _T | Awaitable[_T]) -> _T:
+    """An engine's answer: ``AsyncOmni`` answers some questions at once
+    (``check_faulted``, the fault-tolerance status), the client of an engine
+    in another process (``--api-server-count``) with an awaitable."""
+    if inspect.isawaitable(value):
+        return await value
+    return value
 
 
 def engine_of(conn: HTTPConnection) -> AsyncOmni:

@@ -21,7 +21,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from vllm_omni.entrypoints.openai.protocol import FaultToleranceApplyRequest
-from vllm_omni.entrypoints.openai.serving_common import engine_of
+from vllm_omni.entrypoints.openai.serving_common import engine_of, resolved
 from vllm_omni.errors import VLLMNotFoundError, VLLMValidationError
 
 __all__ = ["router"]
@@ -32,7 +32,10 @@ router = APIRouter()
 @router.get("/v1/fault_tolerance/status")
 async def fault_tolerance_status(request: Request) -> dict[str, Any]:
     engine = engine_of(request)
-    return {"schema_version": 1, "stages": engine.fault_tolerance_status()}
+    return {
+        "schema_version": 1,
+        "stages": await resolved(engine.fault_tolerance_status()),
+    }
 
 
 @router.post("/v1/fault_tolerance/apply", status_code=202)
@@ -45,7 +48,7 @@ async def apply_fault_instruction(
     if stage_id is None:
         tolerant = [
             stage["stage_id"]
-            for stage in engine.fault_tolerance_status()
+            for stage in await resolved(engine.fault_tolerance_status())
             if stage["fault_tolerance"]
         ]
         if not tolerant:
@@ -59,8 +62,10 @@ async def apply_fault_instruction(
                 parameter="stage_id",
             )
         stage_id = tolerant[0]
-    engine.apply_fault_instruction(
-        stage_id, body.instruction, body.params, body.request_id
+    await resolved(
+        engine.apply_fault_instruction(
+            stage_id, body.instruction, body.params, body.request_id
+        )
     )
     return JSONResponse(
         status_code=202,

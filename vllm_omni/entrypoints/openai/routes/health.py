@@ -8,7 +8,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from vllm_omni.entrypoints.openai.serving_common import engine_of
+from vllm_omni.entrypoints.openai.serving_common import engine_of, resolved
 from vllm_omni.errors import OmniServiceUnavailableError
 
 __all__ = ["PUBLIC", "router"]
@@ -23,5 +23,5 @@ async def health(request: Request) -> Response:
     engine = engine_of(request)
     if engine.errored or not engine.is_running:
         raise OmniServiceUnavailableError("The engine is not running.")
-    engine.check_faulted()
+    await resolved(engine.check_faulted())
     return Response(status_code=200)

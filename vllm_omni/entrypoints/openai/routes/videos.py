@@ -41,7 +41,12 @@ router = APIRouter()
 
 
 async def init_state(app: FastAPI, args: argparse.Namespace) -> None:
-    """Open the job store; jobs a previous process left unfinished fail (503)."""
+    """Open the job store; jobs a previous process left unfinished fail (503).
+    An engine in another process (``--api-server-count``) brings its own."""
+    remote = getattr(app.state.engine_client, "video_jobs", None)
+    if remote is not None:
+        app.state.video_jobs = remote
+        return
     app.state.video_jobs = await VideoJobs.start(
         getattr(args, "job_store", None),
         app.state.engine_client,

@@ -1,0 +1,351 @@
+"""``--api-server-count 2`` (issue 46): two API server processes on one port
+in front of one pipeline behave as one server.
+
+Each client here holds one keep-alive connection, so one API server process
+serves it; which one is read from the kernel (the process that owns the
+accepted socket), never from the server's own word. Statuses, records and
+``/metrics`` (scraped through either process) agree; a video job created
+through one process is read, listed, downloaded and deleted through the
+other; admission counts the whole server's requests; a killed API server
+process stops the whole server, leaving nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import httpx
+import openai
+import psutil
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from websockets.sync.client import connect
+
+from tests.e2e.omni_server import OmniServer, start_server, write_pipeline
+from tests.e2e.servers import sample_delta
+
+pytestmark = [
+    pytest.mark.timeout(240),
+    pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning"),
+]
+
+API_KEY = "asc-key-0123456789"
+LIMIT = 4
+BUSY = (
+    "The engine is currently busy and cannot accept new requests. "
+    "Please try again later or on a different instance."
+)
+GENERIC = "The server had an error while processing your request."
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OmniServer]:
+    directory = tmp_path_factory.mktemp("api-servers")
+    started = start_server(
+        directory,
+        write_pipeline(directory),
+        api_key=API_KEY,
+        # Pinned connections stay open between the steps of a test.
+        env={"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "120"},
+        extra_args=("--api-server-count", "2", "--max-num-queued-reqs", str(LIMIT)),
+    )
+    try:
+        started.wait_ready()
+        yield started
+    finally:
+        started.stop()
+
+
+def _api_pids(server: OmniServer) -> list[int]:
+    """The API server processes: the children that listen on the port."""
+    port = urlsplit(server.base_url).port
+    pids = []
+    for child in psutil.Process(server.proc.pid).children():
+        listening = [
+            c
+            for c in child.net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+        ]
+        if listening:
+            pids.append(child.pid)
+    return sorted(pids)
+
+
+def _serving_pid(response: httpx.Response, pids: list[int]) -> int:
+    """The process that owns the server end of ``response``'s connection."""
+    local = response.extensions["network_stream"].get_extra_info("client_addr")[1]
+    for pid in pids:
+        for conn in psutil.Process(pid).net_connections(kind="tcp"):
+            if conn.raddr and conn.raddr.port == local:
+                return pid
+    raise AssertionError(f"no API server process holds the connection from {local}")
+
+
+@dataclass
+class Pinned:
+    """One keep-alive connection, served by the API server process ``pid``."""
+
+    pid: int
+    http: httpx.Client
+    sdk: openai.OpenAI
+
+    def served_by(self, pids: list[int]) -> int:
+        return _serving_pid(self.http.get("/health"), pids)
+
+    def metrics(self) -> Samples:
+        response = self.http.get("/metrics")
+        assert response.status_code == 200
+        samples: Samples = {}
+        for family in text_string_to_metric_families(response.text):
+            for sample in family.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                samples[key] = sample.value
+        return samples
+
+
+@pytest.fixture(scope="module")
+def pinned(server: OmniServer) -> Iterator[dict[int, Pinned]]:
+    """A client on each API server process (new connections until both are
+    found: the kernel gives each accepted connection to one of them)."""
+    pids = _api_pids(server)
+    assert len(pids) == 2, pids
+    found: dict[int, Pinned] = {}
+    spare: list[httpx.Client] = []
+    for _ in range(60):
+        http = httpx.Client(
+            base_url=server.base_url,
+            headers=server.headers(),
+            timeout=30.0,
+            limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+        )
+        pid = _serving_pid(http.get("/health"), pids)
+        if pid in found:
+            spare.append(http)
+            continue
+        sdk = openai.OpenAI(
+            base_url=server.base_url + "/v1",
+            api_key=API_KEY,
+            max_retries=0,
+            http_client=http,
+        )
+        found[pid] = Pinned(pid, http, sdk)
+        if len(found) == 2:
+            break
+    for http in spare:
+        http.close()
+    assert len(found) == 2, "one API server process never accepted a connection"
+    yield found
+    for client in found.values():
+        client.http.close()
+
+
+def _counts(samples: Samples, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    return {labels: v for (n, labels), v in samples.items() if n == name}
+
+
+def _settled(
+    clients: list[Pinned], name: str, grown: float, before: Samples
+) -> Samples:
+    """Metrics once ``name`` grew by ``grown`` (the instrumentator counts a
+    request after its response went out)."""
+    deadline = time.monotonic() + 5
+    while True:
+        after = clients[0].metrics()
+        if sample_delta(before, after, name) >= grown or time.monotonic() > deadline:
+            return after
+        time.sleep(0.05)
+
+
+def test_statuses_records_and_metrics_agree_across_processes(
+    server: OmniServer, pinned: dict[int, Pinned]
+) -> None:
+    clients = list(pinned.values())
+    before = clients[0].metrics()
+    seen: list[int] = []
+    for client in clients:
+        reply = client.sdk.chat.completions.create(
+            model="omni-reference",
+            messages=[{"role": "user", "content": "hello there"}],
+            max_tokens=8,
+        )
+        assert reply.choices[0].message.content == "You said: hello there"
+        seen.append(200)
+        with pytest.raises(openai.BadRequestError) as bad:
+            client.sdk.chat.completions.create(
+                model="omni-reference",
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=-5,
+            )
+        body = bad.value.body
+        assert isinstance(body, dict)
+        assert (body["param"], body["code"], body["stage_id"]) == ("max_tokens", 400, 1)
+        seen.append(400)
+        with pytest.raises(openai.NotFoundError):
+            client.sdk.chat.completions.create(
+                model="no-such-model",
+                messages=[{"role": "user", "content": "hi"}],
+            )
+        seen.append(404)
+        with pytest.raises(openai.InternalServerError) as failed:
+            client.sdk.chat.completions.create(
+                model="omni-reference",
+                messages=[{"role": "user", "content": "explode @boom"}],
+            )
+        body = failed.value.body
+        assert isinstance(body, dict)
+        assert (body["message"], body["code"], body["stage_id"]) == (GENERIC, 500, 1)
+        assert body["request_id"] == failed.value.response.headers["x-request-id"]
+        seen.append(500)
+        assert client.served_by(sorted(pinned)) == client.pid
+        # SSE last: the SDK leaves a stream's connection, the next request
+        # may go to either process.
+        stream = client.sdk.chat.completions.create(
+            model="omni-reference",
+            messages=[{"role": "user", "content": "stream it"}],
+            stream=True,
+        )
+        text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        assert text == "You said: stream it"
+        seen.append(200)
+        # The first output failed: an error status, not a 200 with an event.
+        with pytest.raises(openai.InternalServerError):
+            client.sdk.chat.completions.create(
+                model="omni-reference",
+                messages=[{"role": "user", "content": "explode @boom"}],
+                stream=True,
+            )
+        seen.append(500)
+    after = _settled(clients, "http_requests_total", len(seen), before)
+    # Either process's /metrics: the same sums over both.
+    errors = "vllm_omni:errors_total"
+    assert _counts(clients[1].metrics(), errors) == _counts(after, errors)
+    for status, codes in (("2xx", (200,)), ("4xx", (400, 404)), ("5xx", (500,))):
+        grown = sample_delta(before, after, "http_requests_total", status=status)
+        assert grown == sum(seen.count(c) for c in codes), status
+    for code in (400, 404, 500):
+        grown = sample_delta(before, after, errors, code=str(code), transport="http")
+        assert grown == seen.count(code), code
+    # Each process logged the rejections it answered, naming itself.
+    log = server.log()
+    assert "api-server-0 vllm_omni.errors" in log
+    assert "api-server-1 vllm_omni.errors" in log
+
+
+def test_a_websocket_session_runs_on_either_process(
+    server: OmniServer, pinned: dict[int, Pinned]
+) -> None:
+    url = server.base_url.replace("http://", "ws://", 1) + "/v1/realtime"
+    for _ in range(2):
+        with connect(url, additional_headers=server.headers()) as ws:
+            created = json.loads(ws.recv(timeout=10))
+            assert created["type"] == "session.created"
+            ws.send(
+                json.dumps(
+                    {
+                        "type": "response.create",
+                        "response": {"instructions": "hi ws", "max_tokens": 8},
+                    }
+                )
+            )
+            events = []
+            while not events or events[-1]["type"] not in ("response.done", "error"):
+                events.append(json.loads(ws.recv(timeout=10)))
+            assert events[-1]["response"]["status"] == "completed"
+            deltas = [e["delta"] for e in events if e["type"] == "response.text.delta"]
+            assert "".join(deltas) == "You said: hi ws"
+
+
+def test_a_video_job_crosses_processes(pinned: dict[int, Pinned]) -> None:
+    one, other = pinned.values()
+    created = one.sdk.videos.create(prompt="a red ball", seconds="1", size="64x64")
+    deadline = time.monotonic() + 60
+    video = other.sdk.videos.retrieve(created.id)
+    while video.status not in ("completed", "failed"):
+        assert time.monotonic() < deadline, video
+        time.sleep(0.1)
+        video = other.sdk.videos.retrieve(created.id)
+    assert video.status == "completed"
+    assert created.id in [v.id for v in other.sdk.videos.list(limit=100)]
+    content = other.sdk.videos.download_content(created.id).read()
+    assert content.startswith(b"GIF8")
+    assert one.sdk.videos.delete(created.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        other.sdk.videos.retrieve(created.id)
+
+
+def test_admission_counts_the_whole_server(
+    server: OmniServer, pinned: dict[int, Pinned]
+) -> None:
+    """``--max-num-queued-reqs`` is the server's: requests that hang in one
+    process fill it for the other as well."""
+    one, other = pinned.values()
+    before = one.metrics()
+    body = {
+        "model": "omni-reference",
+        "messages": [{"role": "user", "content": "wait @hang"}],
+    }
+
+    def hold() -> int:
+        # The thinker hangs until its deadline (3 s): a 504, its slot held.
+        with httpx.Client(base_url=server.base_url, headers=server.headers()) as http:
+            return http.post("/v1/chat/completions", json=body, timeout=30).status_code
+
+    with ThreadPoolExecutor(LIMIT) as pool:
+        held = [pool.submit(hold) for _ in range(LIMIT)]
+        deadline = time.monotonic() + 10
+        while one.metrics().get(("vllm_omni:requests_in_flight", ()), 0) < LIMIT:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        for client in (one, other):
+            refused = client.http.post(
+                "/v1/chat/completions",
+                json={
+                    "model": "omni-reference",
+                    "messages": [{"role": "user", "content": "x"}],
+                },
+            )
+            assert refused.status_code == 503, refused.text
+            assert refused.headers["retry-after"]
+            error = refused.json()["error"]
+            assert (error["type"], error["message"]) == ("Service Unavailable", BUSY)
+        assert [f.result() for f in held] == [504] * LIMIT
+    after = one.metrics()
+    assert sample_delta(before, after, "vllm_omni:admission_rejections_total") == 2
+
+
+def test_a_killed_api_server_stops_the_whole_server(server: OmniServer) -> None:
+    """As ``vllm serve`` does: one API server process dies, the server
+    stops, non-zero, and nothing of it is left (processes, port, files).
+    Last in this module: it ends the module's server."""
+    main = psutil.Process(server.proc.pid)
+    tree = [main, *main.children(recursive=True)]
+    # The metrics files every process of the server writes (and keeps open).
+    files = [f.path for p in tree for f in p.open_files() if f.path.endswith(".db")]
+    metrics_dir = os.path.dirname(files[0])
+    assert os.path.basename(metrics_dir) == "metrics", files
+    victim = _api_pids(server)[0]
+    os.kill(victim, signal.SIGKILL)
+    assert server.proc.wait(timeout=60) == 1
+    time.sleep(0.5)
+    alive = [
+        p.pid for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    ]
+    assert alive == [], alive
+    assert not os.path.exists(os.path.dirname(metrics_dir))
+    port = urlsplit(server.base_url).port
+    with socket.socket() as probe:
+        # As a new server binds (connections of the old one may linger in
+        # TIME_WAIT): only a socket still listening there would refuse it.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("127.0.0.1", port))
+        probe.listen()
+    assert f"(pid {victim}) was killed by SIGKILL: stopping the server" in server.log()
