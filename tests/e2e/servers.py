@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import httpx
+import psutil
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.types import ASGIApp
@@ -138,3 +139,28 @@ def assert_http_error_counted(
         )
         == 1
     )
+
+
+def api_pids(server_pid: int, port: int) -> list[int]:
+    """The API server processes of ``vllm-omni serve --api-server-count N``
+    (``server_pid``): its children that listen on ``port``."""
+    pids = []
+    for child in psutil.Process(server_pid).children():
+        listening = [
+            c
+            for c in child.net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+        ]
+        if listening:
+            pids.append(child.pid)
+    return sorted(pids)
+
+
+def serving_pid(response: httpx.Response, pids: list[int]) -> int:
+    """The process that owns the server end of ``response``'s connection."""
+    local = response.extensions["network_stream"].get_extra_info("client_addr")[1]
+    for pid in pids:
+        for conn in psutil.Process(pid).net_connections(kind="tcp"):
+            if conn.raddr and conn.raddr.port == local:
+                return pid
+    raise AssertionError(f"no API server process holds the connection from {local}")

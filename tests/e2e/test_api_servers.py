@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from websockets.sync.client import connect
 
 from tests.e2e.omni_server import OmniServer, start_server, write_pipeline
-from tests.e2e.servers import sample_delta
+from tests.e2e.servers import api_pids, sample_delta, serving_pid
 
 pytestmark = [
     pytest.mark.timeout(240),
@@ -65,31 +65,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OmniServer]:
         started.stop()
 
 
-def _api_pids(server: OmniServer) -> list[int]:
-    """The API server processes: the children that listen on the port."""
-    port = urlsplit(server.base_url).port
-    pids = []
-    for child in psutil.Process(server.proc.pid).children():
-        listening = [
-            c
-            for c in child.net_connections(kind="tcp")
-            if c.status == psutil.CONN_LISTEN and c.laddr.port == port
-        ]
-        if listening:
-            pids.append(child.pid)
-    return sorted(pids)
-
-
-def _serving_pid(response: httpx.Response, pids: list[int]) -> int:
-    """The process that owns the server end of ``response``'s connection."""
-    local = response.extensions["network_stream"].get_extra_info("client_addr")[1]
-    for pid in pids:
-        for conn in psutil.Process(pid).net_connections(kind="tcp"):
-            if conn.raddr and conn.raddr.port == local:
-                return pid
-    raise AssertionError(f"no API server process holds the connection from {local}")
-
-
 @dataclass
 class Pinned:
     """One keep-alive connection, served by the API server process ``pid``."""
@@ -99,7 +74,7 @@ class Pinned:
     sdk: openai.OpenAI
 
     def served_by(self, pids: list[int]) -> int:
-        return _serving_pid(self.http.get("/health"), pids)
+        return serving_pid(self.http.get("/health"), pids)
 
     def metrics(self) -> Samples:
         response = self.http.get("/metrics")
@@ -116,7 +91,7 @@ class Pinned:
 def pinned(server: OmniServer) -> Iterator[dict[int, Pinned]]:
     """A client on each API server process (new connections until both are
     found: the kernel gives each accepted connection to one of them)."""
-    pids = _api_pids(server)
+    pids = api_pids(server.proc.pid, urlsplit(server.base_url).port or 0)
     assert len(pids) == 2, pids
     found: dict[int, Pinned] = {}
     spare: list[httpx.Client] = []
@@ -127,7 +102,7 @@ def pinned(server: OmniServer) -> Iterator[dict[int, Pinned]]:
             timeout=30.0,
             limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
         )
-        pid = _serving_pid(http.get("/health"), pids)
+        pid = serving_pid(http.get("/health"), pids)
         if pid in found:
             spare.append(http)
             continue
@@ -332,7 +307,7 @@ def test_a_killed_api_server_stops_the_whole_server(server: OmniServer) -> None:
     files = [f.path for p in tree for f in p.open_files() if f.path.endswith(".db")]
     metrics_dir = os.path.dirname(files[0])
     assert os.path.basename(metrics_dir) == "metrics", files
-    victim = _api_pids(server)[0]
+    victim = api_pids(server.proc.pid, urlsplit(server.base_url).port or 0)[0]
     os.kill(victim, signal.SIGKILL)
     assert server.proc.wait(timeout=60) == 1
     time.sleep(0.5)

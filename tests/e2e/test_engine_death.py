@@ -10,8 +10,10 @@ import threading
 import time
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
+import psutil
 import pytest
 
 from tests.e2e.omni_server import (
@@ -20,7 +22,7 @@ from tests.e2e.omni_server import (
     start_server,
     write_pipeline,
 )
-from tests.e2e.servers import metric_samples
+from tests.e2e.servers import api_pids, metric_samples, serving_pid
 
 GENERIC = "The server had an error while processing your request."
 CHAT = "/v1/chat/completions"
@@ -31,9 +33,9 @@ def servers(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[dict[str, OmniServer]]:
     root = tmp_path_factory.mktemp("engine-death")
-    dying_dir, alive_dir = root / "dying", root / "alive"
-    dying_dir.mkdir()
-    alive_dir.mkdir()
+    dying_dir, alive_dir, two_dir = root / "dying", root / "alive", root / "two"
+    for directory in (dying_dir, alive_dir, two_dir):
+        directory.mkdir()
     # The keep-alive server has no image stage: its image route is a 503.
     no_image = [s for s in REFERENCE_STAGES if s["kind"] != "image"]
     started = {
@@ -42,6 +44,13 @@ def servers(
             alive_dir,
             write_pipeline(alive_dir, stages=no_image),
             env={"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"},
+        ),
+        # Two API server processes in front of the dying engine (issue 46).
+        "two": start_server(
+            two_dir,
+            write_pipeline(two_dir),
+            extra_args=("--api-server-count", "2"),
+            env={"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "120"},
         ),
     }
     try:
@@ -120,6 +129,66 @@ def test_fatal_stage_failure_fails_in_flight_and_exits(
     code = server.proc.wait(timeout=15)
     assert code != 0
     assert "stage 3" in server.log()
+
+
+def test_a_dead_stage_fails_the_requests_of_every_api_server_process(
+    servers: dict[str, OmniServer],
+) -> None:
+    """With ``--api-server-count 2`` the stage's record reaches the requests
+    in flight in each process, and the whole server exits, leaving nothing."""
+    server = servers["two"]
+    port = urlsplit(server.base_url).port or 0
+    pids = api_pids(server.proc.pid, port)
+    main = psutil.Process(server.proc.pid)
+    tree = [main, *main.children(recursive=True)]
+    # One keep-alive connection on each process (the kernel picks).
+    clients: dict[int, httpx.Client] = {}
+    for _ in range(60):
+        http = httpx.Client(base_url=server.base_url, timeout=30)
+        pid = serving_pid(http.get("/health"), pids)
+        if pid in clients or len(clients) == 2:
+            http.close()
+            continue
+        clients[pid] = http
+    assert sorted(clients) == pids
+    sinks: list[dict[str, Any]] = [{} for _ in clients]
+
+    def hang(http: httpx.Client, sink: dict[str, Any]) -> None:
+        sink["response"] = http.post(
+            CHAT, json={"messages": [{"role": "user", "content": "wait @hang"}]}
+        )
+
+    waiters = [
+        threading.Thread(target=hang, args=(http, sink))
+        for http, sink in zip(clients.values(), sinks, strict=True)
+    ]
+    for waiter in waiters:
+        waiter.start()
+    time.sleep(0.5)  # both are in flight in stage 1
+    died = httpx.post(
+        server.base_url + CHAT,
+        json={
+            "messages": [{"role": "user", "content": "speak and @die"}],
+            "modalities": ["text", "audio"],
+        },
+        timeout=30,
+    )
+    for waiter in waiters:
+        waiter.join(timeout=20)
+    for response in [died] + [sink["response"] for sink in sinks]:
+        assert response.status_code == 500
+        error = response.json()["error"]
+        assert (error["stage_id"], error["message"]) == (3, GENERIC)
+        assert response.headers["x-should-retry"] == "false"
+    for http in clients.values():
+        http.close()
+    assert server.proc.wait(timeout=30) == 1
+    time.sleep(0.5)
+    alive = [p.pid for p in tree if p.is_running() and p.status() != "zombie"]
+    assert alive == [], alive
+    log = server.log()
+    critical = [line for line in log.splitlines() if "CRITICAL" in line]
+    assert len(critical) == 1 and " engine " in critical[0], critical
 
 
 def test_keep_alive_serves_503_health_and_500s(servers: dict[str, OmniServer]) -> None:

@@ -40,6 +40,7 @@ from vllm_omni.errors.metrics import (
     STAGE_RECOVERY_WINDOW,
     STAGE_STATUS,
     StageStatus,
+    kept_in_files,
     set_stage_status,
 )
 from vllm_omni.version import __version__
@@ -370,7 +371,11 @@ class Supervisor:
         set_stage_status(str(handle.config.id), self.status_of(handle))
 
     def _unpublish(self) -> None:
-        """This engine's stages leave ``/metrics`` when it shuts down."""
+        """This engine's stages leave ``/metrics`` when it shuts down (with
+        several API server processes the server stops with its engine, and
+        their files go with it)."""
+        if kept_in_files():
+            return
         for stage_id in self.handles:
             labels = str(stage_id)
             for metric in (STAGE_FAULTED_SECONDS, STAGE_RECOVERY_WINDOW):

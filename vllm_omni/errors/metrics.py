@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import os
 from typing import Literal, get_args
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -51,6 +52,7 @@ __all__ = [
     "StageStatus",
     "Transport",
     "abort_context",
+    "kept_in_files",
     "record_abort",
     "record_error",
     "set_abort_context",
@@ -179,6 +181,12 @@ EVENT_LOOP_LAG = Histogram(
 for _reason in get_args(AbortReason):
     ABORTS_TOTAL.labels(_reason)
 ADMISSION_REJECTIONS_TOTAL.labels("max_num_queued_reqs", ENGINE_WIDE)
+
+
+def kept_in_files() -> bool:
+    """Whether this process keeps its metrics in multiprocess files (one of
+    several processes behind ``/metrics``), where a series cannot be removed."""
+    return "PROMETHEUS_MULTIPROC_DIR" in os.environ
 
 
 def set_stage_status(stage: str, status: StageStatus) -> None:

@@ -106,7 +106,8 @@ class EngineClient:
                 self._hello.set_result(message[1])
         elif kind == "dead":
             if self._dead is None:
-                logger.critical("the engine died: %s", message[1])
+                # The engine process logged the death (CRITICAL, once).
+                logger.warning("engine dead: %s", message[1])
             self._dead = message[1]
 
     async def _call(self, target: str, method: str, **kwargs: Any) -> Any:
