@@ -212,6 +212,8 @@ class Profile:
     engine: str = "reference"
     placement: str = "process"
     worker_backend: str = "multi_process"
+    # API server processes in front of the pipeline (issue 46).
+    api_server_count: int = 1
 
     @property
     def real(self) -> bool:
@@ -1041,7 +1043,8 @@ async def list_jobs(ctx: Ctx, rec: Record) -> dict[str, str]:
 
 # A line of the server's ``logging`` output, or of uvicorn's own error logger.
 _LOG_LINE = re.compile(
-    r"^\d{4}-\d\d-\d\d [\d:,]+ (?P<level>[A-Z]+) (?P<logger>[\w.]+): (?P<text>.*)$"
+    r"^\d{4}-\d\d-\d\d [\d:,]+ (?P<level>[A-Z]+) (?:(?:engine|api-server-\d+) )?"
+    r"(?P<logger>[\w.]+): (?P<text>.*)$"
     r"|^(?P<uvicorn>WARNING|ERROR|CRITICAL):\s"
 )
 _RECORD_START = re.compile(
@@ -1758,6 +1761,8 @@ def soak(
             str(QUEUE_LIMIT),
             "--worker-backend",
             worker_backend,
+            "--api-server-count",
+            str(profile.api_server_count),
         ),
     )
     try:
@@ -1930,9 +1935,18 @@ def main() -> int:
         help="repeat the mix until this many minutes have passed, sampling "
         f"every process's RSS, open files and threads every {SAMPLE_S:g} s",
     )
+    parser.add_argument(
+        "--api-server-count",
+        type=int,
+        default=1,
+        help="API server processes in front of the pipeline (vllm-omni serve "
+        "--api-server-count)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the server log")
     args = parser.parse_args()
-    profile = Profile(args.engine, args.placement, args.worker_backend)
+    profile = Profile(
+        args.engine, args.placement, args.worker_backend, args.api_server_count
+    )
     report = soak(
         args.scale, args.seed, keep=args.keep, profile=profile, minutes=args.minutes
     )
