@@ -34,6 +34,7 @@ MODULES = (
     "bench_errors",
     "bench_sanitize",
     "bench_http",
+    "bench_api_servers",
     "bench_startup",
     "bench_audit",
     "bench_ray",
