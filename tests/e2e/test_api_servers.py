@@ -29,7 +29,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.sync.client import connect
 
-from tests.e2e.omni_server import OmniServer, start_server, write_pipeline
+from tests.e2e.omni_server import FAULTS, OmniServer, start_server, write_pipeline
 from tests.e2e.servers import api_pids, sample_delta, serving_pid
 
 pytestmark = [
@@ -39,6 +39,7 @@ pytestmark = [
 
 API_KEY = "asc-key-0123456789"
 LIMIT = 4
+VIDEO = 5
 BUSY = (
     "The engine is currently busy and cannot accept new requests. "
     "Please try again later or on a different instance."
@@ -52,7 +53,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OmniServer]:
     directory = tmp_path_factory.mktemp("api-servers")
     started = start_server(
         directory,
-        write_pipeline(directory),
+        write_pipeline(
+            directory,
+            faults=[*FAULTS, {"stage": VIDEO, "marker": "@vhang", "action": "hang"}],
+        ),
         api_key=API_KEY,
         # Pinned connections stay open between the steps of a test.
         env={"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "120"},
@@ -255,6 +259,45 @@ def test_a_video_job_crosses_processes(pinned: dict[int, Pinned]) -> None:
     assert one.sdk.videos.delete(created.id).deleted
     with pytest.raises(openai.NotFoundError):
         other.sdk.videos.retrieve(created.id)
+
+
+def test_a_job_cancelled_through_another_process_stops(
+    pinned: dict[int, Pinned],
+) -> None:
+    one, other = pinned.values()
+    video = one.sdk.videos.create(prompt="forever @vhang", seconds="0.2")
+    assert other.sdk.videos.retrieve(video.id).status in ("queued", "in_progress")
+    with pytest.raises(openai.ConflictError):
+        other.sdk.videos.download_content(video.id)
+    cancelled = other.sdk.videos.delete(video.id)
+    assert (cancelled.id, cancelled.deleted) == (video.id, False)
+    assert one.sdk.videos.retrieve(video.id).status == "cancelled"
+    assert one.sdk.videos.delete(video.id).deleted
+
+
+def test_a_request_id_in_flight_is_taken_in_every_process(
+    server: OmniServer, pinned: dict[int, Pinned]
+) -> None:
+    """The engine's table is the one table: the same ``X-Request-Id`` sent
+    to the other process while the first is in flight is a 409."""
+    one, other = pinned.values()
+    body = {
+        "model": "omni-reference",
+        "messages": [{"role": "user", "content": "@hang"}],
+    }
+    headers = {"X-Request-Id": "same-id-both-processes"}
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(
+            one.http.post, "/v1/chat/completions", json=body, headers=headers
+        )
+        deadline = time.monotonic() + 10
+        while other.metrics().get(("vllm_omni:requests_in_flight", ()), 0) < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        second = other.http.post("/v1/chat/completions", json=body, headers=headers)
+        assert second.status_code == 409, second.text
+        assert second.json()["error"]["type"] == "ConflictError"
+        assert first.result().status_code == 504  # the thinker's deadline
 
 
 def test_admission_counts_the_whole_server(
