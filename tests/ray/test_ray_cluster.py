@@ -13,6 +13,8 @@ drills stop (SIGSTOP) the talker actor's worker and then the cluster's GCS:
 504/503 with the stage id, then recovery. The last test removes node B with
 requests in flight on both servers: each gets a 500 naming the stage on B;
 the main server exits 1, the keep-alive one stays up with ``/health`` 503.
+The main server runs two API server processes (``--api-server-count 2``,
+issue 46), the keep-alive one a single one.
 """
 
 from __future__ import annotations
@@ -107,9 +109,16 @@ def servers(
     """The main server and the keep-alive one, started side by side."""
     started: dict[str, OmniServer] = {}
     try:
-        for name, document, env in (
-            ("main", PIPELINE, {}),
-            ("alive", KEEP_ALIVE_PIPELINE, {"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"}),
+        # The main server runs two API server processes (issue 46): every
+        # drill below holds for them; the keep-alive one runs one.
+        for name, document, env, count in (
+            ("main", PIPELINE, {}, "2"),
+            (
+                "alive",
+                KEEP_ALIVE_PIPELINE,
+                {"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"},
+                "1",
+            ),
         ):
             directory = tmp_path_factory.mktemp(f"ray-cluster-{name}")
             pipeline = directory / "pipeline.yaml"
@@ -123,6 +132,8 @@ def servers(
                     "ray",
                     "--ray-address",
                     cluster.address,
+                    "--api-server-count",
+                    count,
                 ),
             )
         for one in started.values():
