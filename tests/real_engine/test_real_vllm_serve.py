@@ -21,6 +21,7 @@ import openai
 import pytest
 
 from tests.e2e.omni_server import OmniServer, console_script, start_command
+from tests.e2e.servers import metric_samples, sample_delta
 from tests.real_engine.conftest import running_servers
 from tests.real_engine.tiny_model import MAX_MODEL_LEN
 
@@ -31,6 +32,11 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "vllm-serve-omni": ("vllm", "serve", "{model}", "--omni"),
     "vllm-omni-serve": ("vllm-omni", "serve", "{model}"),
 }
+# And the first with two API server processes (issue 46).
+SERVED: dict[str, tuple[str, ...]] = {
+    **COMMANDS,
+    "vllm-serve-omni-asc-2": (*COMMANDS["vllm-serve-omni"], "--api-server-count", "2"),
+}
 ARGS = (
     "--max-model-len",
     str(MAX_MODEL_LEN),
@@ -40,13 +46,14 @@ ARGS = (
     NAME,
 )
 PROG = "vllm-omni serve: error: "
+SENT = 4
 # The engine alone takes ~30 s to load here; a refused argument is known once
 # vLLM's argument modules are imported, well before that.
 REFUSED_WITHIN_S = 120.0
 
 
 def _command(name: str, model: Path) -> list[str]:
-    script, *rest = COMMANDS[name]
+    script, *rest = SERVED[name]
     return [console_script(script), *(a.format(model=model) for a in rest)]
 
 
@@ -57,7 +64,7 @@ def servers(
     directory = tmp_path_factory.mktemp("real-vllm-serve")
     started = {
         name: start_command(directory / name, _command(name, tiny_model), *ARGS)
-        for name in COMMANDS
+        for name in SERVED
     }
     with running_servers(started) as ready:
         yield ready
@@ -73,7 +80,7 @@ def _chat(client: openai.OpenAI, **kwargs: Any) -> Any:
     )
 
 
-@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize("command", sorted(SERVED))
 def test_served_under_its_name_and_answers_a_chat(
     servers: dict[str, OmniServer], command: str
 ) -> None:
@@ -84,7 +91,7 @@ def test_served_under_its_name_and_answers_a_chat(
     assert reply.usage.completion_tokens == 4
 
 
-@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize("command", sorted(SERVED))
 def test_a_bad_request_is_the_canonical_400(
     servers: dict[str, OmniServer], command: str
 ) -> None:
@@ -100,6 +107,32 @@ def test_a_bad_request_is_the_canonical_400(
         0,
     )
     assert info.value.response.headers["x-should-retry"] == "false"
+
+
+def test_two_api_server_processes_sum_the_engines_metrics(
+    servers: dict[str, OmniServer],
+) -> None:
+    """Chats through new connections (the kernel hands each to either API
+    server process): ``/metrics`` through any process counts every one, in
+    the API servers' ``http_requests_total`` and in the engine's own
+    ``vllm:request_success_total`` with its ``stage`` label."""
+    server = servers["vllm-serve-omni-asc-2"]
+    before = metric_samples(server.base_url)
+    for _ in range(SENT):
+        with _client(server) as client:
+            _chat(client, max_tokens=2)
+    deadline = time.monotonic() + 10
+    while True:
+        after = metric_samples(server.base_url)
+        grown = sample_delta(before, after, "http_requests_total", status="2xx")
+        if grown >= SENT or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert grown == SENT
+    assert sample_delta(before, after, "vllm:request_success_total", stage="0") == SENT
+    assert metric_samples(server.base_url).keys() >= {
+        key for key in after if key[0].startswith("vllm:")
+    }
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
