@@ -71,8 +71,16 @@ class Drill:
         )
 
 
-@pytest.fixture(scope="module")
-def drill(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Drill]:
+# With two API server processes (issue 46) the drill runs with the drills
+# (``-m drill``, .ci/run), not in the main suite.
+@pytest.fixture(
+    scope="module",
+    params=[1, pytest.param(2, marks=pytest.mark.drill)],
+    ids=["one-api-server", "two-api-servers"],
+)
+def drill(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Drill]:
     directory = tmp_path_factory.mktemp("fault-drill")
     address = f"tcp://127.0.0.1:{free_port()}"
     path = directory / "pipeline.yaml"
@@ -102,7 +110,9 @@ def drill(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Drill]:
             }
         )
     )
-    server = start_server(directory, path)
+    server = start_server(
+        directory, path, extra_args=("--api-server-count", str(request.param))
+    )
     stage_log = directory / "stage.log"
     stage = subprocess.Popen(
         [
