@@ -23,7 +23,12 @@ import zmq
 from vllm_omni.engine.loop_socket import LoopSocket
 from vllm_omni.engine.request_table import refuse_over_limit
 from vllm_omni.entrypoints.engine_rpc.board import AdmissionBoard
-from vllm_omni.entrypoints.engine_rpc.protocol import EngineInfo, dumps, loads
+from vllm_omni.entrypoints.engine_rpc.protocol import (
+    EngineInfo,
+    dumps,
+    loads,
+    open_socket,
+)
 from vllm_omni.errors import OmniEngineDeadError, OmniServiceUnavailableError
 from vllm_omni.errors.metrics import AbortReason, abort_context
 
@@ -46,11 +51,9 @@ class EngineClient:
         self.address = address
         self._board = board
         self._context = zmq.Context()
-        dealer = self._context.socket(zmq.DEALER)
-        dealer.setsockopt(zmq.LINGER, 0)
-        dealer.setsockopt(zmq.SNDHWM, 0)
-        dealer.setsockopt(zmq.RCVHWM, 0)
-        self._socket = LoopSocket(dealer, self._on_frames)
+        self._socket = LoopSocket(
+            open_socket(self._context, zmq.DEALER), self._on_frames
+        )
         self._info: EngineInfo | None = None
         self._hello: asyncio.Future[EngineInfo] | None = None
         self._streams: dict[int, asyncio.Queue[tuple[str, Any]]] = {}

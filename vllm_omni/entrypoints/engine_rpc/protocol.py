@@ -27,10 +27,12 @@ import dataclasses
 import pickle
 from typing import TYPE_CHECKING, Any
 
+import zmq
+
 if TYPE_CHECKING:
     from vllm_omni.config import PipelineConfig, StageConfig
 
-__all__ = ["CALLS", "EngineInfo", "dumps", "loads"]
+__all__ = ["CALLS", "EngineInfo", "dumps", "loads", "open_socket"]
 
 # What an API server may call in the engine process, by target.
 CALLS: dict[str, frozenset[str]] = {
@@ -69,3 +71,15 @@ def dumps(message: tuple[Any, ...]) -> bytes:
 def loads(data: bytes) -> tuple[Any, ...]:
     message: tuple[Any, ...] = pickle.loads(data)
     return message
+
+
+def open_socket(
+    context: zmq.Context[zmq.Socket[bytes]], kind: int
+) -> zmq.Socket[bytes]:
+    """One end of the wire: nothing lingers at close, and nothing is dropped
+    or blocks on a high-water mark (admission bounds what is in flight)."""
+    socket = context.socket(kind)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.SNDHWM, 0)
+    socket.setsockopt(zmq.RCVHWM, 0)
+    return socket

@@ -20,7 +20,13 @@ import zmq
 
 from vllm_omni.engine.loop_socket import LoopSocket
 from vllm_omni.engine.stage_metrics import STAGE_METRICS
-from vllm_omni.entrypoints.engine_rpc.protocol import CALLS, EngineInfo, dumps, loads
+from vllm_omni.entrypoints.engine_rpc.protocol import (
+    CALLS,
+    EngineInfo,
+    dumps,
+    loads,
+    open_socket,
+)
 from vllm_omni.errors import OmniServiceUnavailableError, for_caller
 from vllm_omni.errors.metrics import AbortContext, AbortReason, set_abort_context
 
@@ -55,11 +61,9 @@ class EngineServer:
         self.jobs = jobs
         self.address = address
         self._context = zmq.Context()
-        router = self._context.socket(zmq.ROUTER)
-        router.setsockopt(zmq.LINGER, 0)
-        router.setsockopt(zmq.SNDHWM, 0)
-        router.setsockopt(zmq.RCVHWM, 0)
-        self._socket = LoopSocket(router, self._on_frames)
+        self._socket = LoopSocket(
+            open_socket(self._context, zmq.ROUTER), self._on_frames
+        )
         self._clients: set[bytes] = set()
         self._streams: dict[tuple[bytes, int], _Stream] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
