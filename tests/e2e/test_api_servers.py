@@ -40,6 +40,7 @@ pytestmark = [
 API_KEY = "asc-key-0123456789"
 LIMIT = 4
 VIDEO = 5
+RETENTION_S = 6
 BUSY = (
     "The engine is currently busy and cannot accept new requests. "
     "Please try again later or on a different instance."
@@ -60,7 +61,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OmniServer]:
         api_key=API_KEY,
         # Pinned connections stay open between the steps of a test.
         env={"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "120"},
-        extra_args=("--api-server-count", "2", "--max-num-queued-reqs", str(LIMIT)),
+        extra_args=(
+            "--api-server-count",
+            "2",
+            "--max-num-queued-reqs",
+            str(LIMIT),
+            "--job-retention",
+            str(RETENTION_S),
+        ),
     )
     try:
         started.wait_ready()
@@ -259,6 +267,31 @@ def test_a_video_job_crosses_processes(pinned: dict[int, Pinned]) -> None:
     assert one.sdk.videos.delete(created.id).deleted
     with pytest.raises(openai.NotFoundError):
         other.sdk.videos.retrieve(created.id)
+
+
+def test_a_job_expires_for_every_process(pinned: dict[int, Pinned]) -> None:
+    """One retention, one sweep (the engine process's): a finished job's
+    ``expires_at`` is the same through either process, and once it passed
+    the job is gone through both."""
+    one, other = pinned.values()
+    created = one.sdk.videos.create(prompt="short-lived", seconds="0.2", size="64x64")
+    deadline = time.monotonic() + 30
+    while (video := other.sdk.videos.retrieve(created.id)).status != "completed":
+        assert time.monotonic() < deadline, video
+        time.sleep(0.05)
+    seen = [
+        client.http.get(f"/v1/videos/{created.id}").json() for client in (one, other)
+    ]
+    assert (
+        seen[0]["expires_at"]
+        == seen[1]["expires_at"]
+        == (seen[0]["completed_at"] + RETENTION_S)
+    )
+    time.sleep(max(0.0, seen[0]["expires_at"] + 1 - time.time()))
+    for client in (one, other):
+        with pytest.raises(openai.NotFoundError):
+            client.sdk.videos.retrieve(created.id)
+        assert created.id not in [v.id for v in client.sdk.videos.list(limit=100)]
 
 
 def test_a_job_cancelled_through_another_process_stops(
