@@ -18,7 +18,6 @@ import signal
 import socket
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -40,7 +39,7 @@ pytestmark = [
 API_KEY = "asc-key-0123456789"
 LIMIT = 4
 VIDEO = 5
-RETENTION_S = 6
+RETENTION_S = 3
 BUSY = (
     "The engine is currently busy and cannot accept new requests. "
     "Please try again later or on a different instance."
@@ -308,54 +307,63 @@ def test_a_job_cancelled_through_another_process_stops(
     assert one.sdk.videos.delete(video.id).deleted
 
 
+def _hold(server: OmniServer, request_id: str) -> socket.socket:
+    """A chat that hangs in the thinker, on a raw connection of its own (the
+    kernel gives it to either process), until the socket is closed."""
+    url = urlsplit(server.base_url)
+    body = json.dumps({"messages": [{"role": "user", "content": "wait @hang"}]})
+    sock = socket.create_connection((url.hostname, url.port))
+    sock.sendall(
+        (
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: {url.netloc}\r\n"
+            f"Authorization: Bearer {API_KEY}\r\nX-Request-Id: {request_id}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            f"{body}"
+        ).encode()
+    )
+    return sock
+
+
+def _wait_in_flight(client: Pinned, expected: float) -> None:
+    deadline = time.monotonic() + 10
+    while client.metrics().get(("vllm_omni:requests_in_flight", ()), 0) != expected:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
 def test_a_request_id_in_flight_is_taken_in_every_process(
     server: OmniServer, pinned: dict[int, Pinned]
 ) -> None:
     """The engine's table is the one table: the same ``X-Request-Id`` sent
-    to the other process while the first is in flight is a 409."""
+    through both processes while the first is in flight is a 409 in each."""
     one, other = pinned.values()
-    body = {
-        "model": "omni-reference",
-        "messages": [{"role": "user", "content": "@hang"}],
-    }
-    headers = {"X-Request-Id": "same-id-both-processes"}
-    with ThreadPoolExecutor(1) as pool:
-        first = pool.submit(
-            one.http.post, "/v1/chat/completions", json=body, headers=headers
-        )
-        deadline = time.monotonic() + 10
-        while other.metrics().get(("vllm_omni:requests_in_flight", ()), 0) < 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
-        second = other.http.post("/v1/chat/completions", json=body, headers=headers)
-        assert second.status_code == 409, second.text
-        assert second.json()["error"]["type"] == "ConflictError"
-        assert first.result().status_code == 504  # the thinker's deadline
+    held = _hold(server, "same-id-both-processes")
+    try:
+        _wait_in_flight(one, 1)
+        for client in (one, other):
+            second = client.http.post(
+                "/v1/chat/completions",
+                json={"messages": [{"role": "user", "content": "@hang"}]},
+                headers={"X-Request-Id": "same-id-both-processes"},
+            )
+            assert second.status_code == 409, second.text
+            assert second.json()["error"]["type"] == "ConflictError"
+    finally:
+        held.close()
+    _wait_in_flight(one, 0)
 
 
 def test_admission_counts_the_whole_server(
     server: OmniServer, pinned: dict[int, Pinned]
 ) -> None:
-    """``--max-num-queued-reqs`` is the server's: requests that hang in one
-    process fill it for the other as well."""
+    """``--max-num-queued-reqs`` is the server's: requests that hang in
+    either process fill it for both; their clients hanging up abort them in
+    the engine, counted once each."""
     one, other = pinned.values()
     before = one.metrics()
-    body = {
-        "model": "omni-reference",
-        "messages": [{"role": "user", "content": "wait @hang"}],
-    }
-
-    def hold() -> int:
-        # The thinker hangs until its deadline (3 s): a 504, its slot held.
-        with httpx.Client(base_url=server.base_url, headers=server.headers()) as http:
-            return http.post("/v1/chat/completions", json=body, timeout=30).status_code
-
-    with ThreadPoolExecutor(LIMIT) as pool:
-        held = [pool.submit(hold) for _ in range(LIMIT)]
-        deadline = time.monotonic() + 10
-        while one.metrics().get(("vllm_omni:requests_in_flight", ()), 0) < LIMIT:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+    held = [_hold(server, f"hold-{index}") for index in range(LIMIT)]
+    try:
+        _wait_in_flight(one, LIMIT)
         for client in (one, other):
             refused = client.http.post(
                 "/v1/chat/completions",
@@ -368,9 +376,15 @@ def test_admission_counts_the_whole_server(
             assert refused.headers["retry-after"]
             error = refused.json()["error"]
             assert (error["type"], error["message"]) == ("Service Unavailable", BUSY)
-        assert [f.result() for f in held] == [504] * LIMIT
+    finally:
+        for sock in held:
+            sock.close()
+    _wait_in_flight(one, 0)
     after = one.metrics()
     assert sample_delta(before, after, "vllm_omni:admission_rejections_total") == 2
+    aborts = "vllm_omni:aborts_total"
+    assert sample_delta(before, after, aborts, reason="client_disconnect") == LIMIT
+    assert sample_delta(before, after, aborts) == LIMIT
 
 
 def test_a_killed_api_server_stops_the_whole_server(server: OmniServer) -> None:
