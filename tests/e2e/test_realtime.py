@@ -43,6 +43,13 @@ ERRORS = "vllm_omni:errors_total"
 TEXT_TIMEOUT_S = next(s["timeout_s"] for s in REFERENCE_STAGES if s["kind"] == "text")
 
 
+# A client that hangs up mid-stream connects with ``max_queue=None``: it keeps
+# reading until the server answers its close frame. With the default queue
+# (16 messages) the sync client stops reading once 16 deltas wait unread, so
+# it never sees the server's answer and drops the socket only when its
+# ``close_timeout`` (10 s) is over: each such test took 10 s more.
+
+
 def _url(base_url: str) -> str:
     return base_url.replace("http://", "ws://", 1) + "/v1/realtime"
 
@@ -314,7 +321,9 @@ def test_hang_up_mid_stream_is_a_client_disconnect(omni_server: OmniServer) -> N
     no error."""
     before = metric_samples(omni_server.base_url)
     with connect(
-        _url(omni_server.base_url), additional_headers=omni_server.headers()
+        _url(omni_server.base_url),
+        additional_headers=omni_server.headers(),
+        max_queue=None,  # keeps reading until the close is answered
     ) as ws:
         session_id = _recv(ws)["session"]["id"]
         _create(ws, instructions="a very long answer " * 300, max_tokens=4096)
@@ -387,7 +396,7 @@ def test_hang_up_is_heard_while_the_engine_is_ahead() -> None:
     app = build_app(argparse.Namespace(api_key=None, error_mode="strict"))
     app.state.engine_client = engine
     with serve_in_thread(app) as url:
-        with connect(_url(url)) as ws:
+        with connect(_url(url), max_queue=None) as ws:  # reads until closed
             _recv(ws)
             _create(ws, instructions="hi")
             assert _recv(ws)["type"] == "response.created"
