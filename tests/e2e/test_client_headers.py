@@ -224,7 +224,9 @@ def test_sdk_attempts_on_a_conflict(omni_server: OmniServer) -> None:
     assert holder["response"].status_code == 504
 
 
-@pytest.fixture(scope="module")
+# autouse: started when the module's first test starts, so that it starts
+# while the tests before its own wait (the 504 waits out three deadlines).
+@pytest.fixture(scope="module", autouse=True)
 def dying_engine(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[OmniServer]:
