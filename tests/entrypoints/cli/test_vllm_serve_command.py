@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -198,28 +199,6 @@ def _error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith(PROG)]
 
 
-def test_vllm_serve_omni_reaches_this_cli_and_exits_with_its_status(
-    tmp_path: Path,
-) -> None:
-    """The installed ``vllm`` script delegates ``--omni`` to this project; a
-    misspelled engine argument is one line naming it and exit status 2."""
-    code, _, stderr, _ = _run(
-        console_script("vllm"),
-        "serve",
-        "org/model",
-        "--omni",
-        "--max-modle-len",
-        "128",
-        "--job-store",
-        str(tmp_path / "jobs"),
-    )
-    assert code == 2, stderr[-3000:]
-    assert "Traceback" not in stderr
-    assert _error_lines(stderr) == [
-        f"{PROG}unrecognized arguments: --max-modle-len 128"
-    ]
-
-
 def test_own_option_mistake_fails_before_vllm_is_imported(tmp_path: Path) -> None:
     code, _, stderr, took = _run(
         console_script("vllm-omni"),
@@ -319,10 +298,108 @@ def test_the_commands_own_help_and_version(argv: tuple[str, ...], out: str) -> N
         assert stdout == f"{__version__}\n"
 
 
-def test_help_lists_vllm_serve_arguments_and_this_projects() -> None:
-    code, stdout, stderr, _ = _run(
-        sys.executable, "-m", "vllm_omni.entrypoints.cli.main", "serve", "--help=all"
+ORIGIN = "http://app.example"
+
+
+@dataclass
+class _Command:
+    """A command started in the background, its output in files."""
+
+    proc: subprocess.Popen[bytes]
+    stdout: Path
+    stderr: Path
+
+    def result(self, timeout: float = 300.0) -> tuple[int, str, str]:
+        code = self.proc.wait(timeout=timeout)
+        return code, self.stdout.read_text(), self.stderr.read_text()
+
+
+def _command(directory: Path, name: str, *argv: str) -> _Command:
+    stdout, stderr = directory / f"{name}.out", directory / f"{name}.err"
+    with stdout.open("wb") as out, stderr.open("wb") as err:
+        proc = subprocess.Popen(argv, stdout=out, stderr=err)
+    return _Command(proc, stdout, stderr)
+
+
+@dataclass
+class _VllmCommands:
+    misspelled: _Command
+    help_all: _Command
+    frontend: OmniServer
+
+
+@pytest.fixture(scope="module")
+def vllm_commands(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[_VllmCommands]:
+    """The commands that import vLLM (seconds of CPU each), started together
+    when the first of their tests starts, after the tests that time a command
+    (an import beside them would slow those); each test waits for its own.
+    ``frontend``: the reference pipeline (no weights) started with ``vllm
+    serve --omni`` and vLLM's frontend arguments, not yet ready."""
+    directory = tmp_path_factory.mktemp("vllm-commands")
+    misspelled = _command(
+        directory,
+        "misspelled",
+        console_script("vllm"),
+        "serve",
+        "org/model",
+        "--omni",
+        "--max-modle-len",
+        "128",
+        "--job-store",
+        str(directory / "jobs"),
     )
+    help_all = _command(
+        directory,
+        "help-all",
+        sys.executable,
+        "-m",
+        "vllm_omni.entrypoints.cli.main",
+        "serve",
+        "--help=all",
+    )
+    frontend = start_command(
+        directory / "frontend",
+        (console_script("vllm"), "serve"),
+        "--omni",
+        "--served-model-name",
+        "omni-ref",
+        "--api-key",
+        "key-one",
+        "key-two",
+        "--allowed-origins",
+        f'["{ORIGIN}"]',
+        "--uvicorn-log-level",
+        "warning",
+    )
+    try:
+        yield _VllmCommands(misspelled, help_all, frontend)
+    finally:
+        frontend.stop()
+        for command in (misspelled, help_all):
+            if command.proc.poll() is None:
+                command.proc.kill()
+                command.proc.wait(timeout=10)
+
+
+def test_vllm_serve_omni_reaches_this_cli_and_exits_with_its_status(
+    vllm_commands: _VllmCommands,
+) -> None:
+    """The installed ``vllm`` script delegates ``--omni`` to this project; a
+    misspelled engine argument is one line naming it and exit status 2."""
+    code, _, stderr = vllm_commands.misspelled.result()
+    assert code == 2, stderr[-3000:]
+    assert "Traceback" not in stderr
+    assert _error_lines(stderr) == [
+        f"{PROG}unrecognized arguments: --max-modle-len 128"
+    ]
+
+
+def test_help_lists_vllm_serve_arguments_and_this_projects(
+    vllm_commands: _VllmCommands,
+) -> None:
+    code, stdout, stderr = vllm_commands.help_all.result()
     assert code == 0, stderr[-3000:]
     for option in (
         "--max-model-len",
@@ -337,32 +414,12 @@ def test_help_lists_vllm_serve_arguments_and_this_projects() -> None:
         assert option in stdout, option
 
 
-ORIGIN = "http://app.example"
-
-
 @pytest.fixture(scope="module")
-def frontend_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OmniServer]:
-    """The reference pipeline (no weights) started with ``vllm serve --omni``
-    and vLLM's frontend arguments."""
-    server = start_command(
-        tmp_path_factory.mktemp("vllm-serve-frontend"),
-        (console_script("vllm"), "serve"),
-        "--omni",
-        "--served-model-name",
-        "omni-ref",
-        "--api-key",
-        "key-one",
-        "key-two",
-        "--allowed-origins",
-        f'["{ORIGIN}"]',
-        "--uvicorn-log-level",
-        "warning",
-    )
-    try:
-        server.wait_ready(timeout=300)
-        yield server
-    finally:
-        server.stop()
+def frontend_server(vllm_commands: _VllmCommands) -> OmniServer:
+    """The ``vllm serve --omni`` server with vLLM's frontend arguments, ready
+    (stopped with the module's other commands)."""
+    vllm_commands.frontend.wait_ready(timeout=300)
+    return vllm_commands.frontend
 
 
 def test_frontend_arguments_behave_as_in_vllm_serve(
