@@ -134,8 +134,11 @@ def drill(
         yield Drill(server, stage, stage_log)
     finally:
         server.stop()
+        # It would exit by itself once its orchestrator's heartbeats stop
+        # (seconds); nothing waits for that here.
+        stage.terminate()
         try:
-            stage.wait(timeout=40)  # it exits with its orchestrator
+            stage.wait(timeout=10)
         except subprocess.TimeoutExpired:
             stage.kill()
             stage.wait(timeout=10)

@@ -106,6 +106,26 @@ def videos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VideoServer]:
         holder.server.stop()
 
 
+# autouse: started beside the module's server, not when its one test comes.
+@pytest.fixture(scope="module", autouse=True)
+def retention_server(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[OmniServer]:
+    """A server of its own with ``--job-retention 3`` for the retention test
+    (which waits for it): started with the module, not yet ready."""
+    directory = tmp_path_factory.mktemp("retention")
+    server = start_server(
+        directory,
+        write_pipeline(directory),
+        api_key=API_KEY,
+        extra_args=("--job-retention", "3"),
+    )
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture()
 def client(videos: VideoServer) -> Iterator[openai.OpenAI]:
     with videos.client() as sdk:
@@ -423,44 +443,35 @@ class _ImageOnlyEngine:
 
 
 def test_a_finished_job_expires_after_the_retention(
-    tmp_path_factory: pytest.TempPathFactory,
+    retention_server: OmniServer,
 ) -> None:
     """``--job-retention 3``: a finished job says when it expires and from
     then on reads as deleted (retrieve, download, delete, list). Three
     seconds, not one: ``completed_at`` is whole seconds, so a job may expire
     up to a second sooner than the retention after it finished, and one
     second could be gone before the first poll saw it completed."""
-    directory = tmp_path_factory.mktemp("retention")
-    server = start_server(
-        directory,
-        write_pipeline(directory),
-        api_key=API_KEY,
-        extra_args=("--job-retention", "3"),
-    )
-    try:
-        server.wait_ready()
-        with openai.OpenAI(
-            base_url=server.base_url + "/v1", api_key=API_KEY, max_retries=0
-        ) as sdk:
-            created = sdk.videos.create(prompt="short-lived", seconds="0.2")
-            assert created.expires_at is None  # not finished yet
-            video = _wait(sdk, created.id, "completed")
-            assert video.completed_at is not None
-            assert video.expires_at == video.completed_at + 3
-            assert created.id in [v.id for v in sdk.videos.list()]
-            while time.time() < video.expires_at:
-                time.sleep(0.1)
-            for call in (
-                sdk.videos.retrieve,
-                sdk.videos.download_content,
-                sdk.videos.delete,
-            ):
-                with pytest.raises(openai.NotFoundError) as caught:
-                    call(created.id)
-                assert caught.value.body["type"] == "NotFoundError"  # type: ignore[index]
-            assert created.id not in [v.id for v in sdk.videos.list()]
-    finally:
-        server.stop()
+    server = retention_server
+    server.wait_ready()
+    with openai.OpenAI(
+        base_url=server.base_url + "/v1", api_key=API_KEY, max_retries=0
+    ) as sdk:
+        created = sdk.videos.create(prompt="short-lived", seconds="0.2")
+        assert created.expires_at is None  # not finished yet
+        video = _wait(sdk, created.id, "completed")
+        assert video.completed_at is not None
+        assert video.expires_at == video.completed_at + 3
+        assert created.id in [v.id for v in sdk.videos.list()]
+        while time.time() < video.expires_at:
+            time.sleep(0.1)
+        for call in (
+            sdk.videos.retrieve,
+            sdk.videos.download_content,
+            sdk.videos.delete,
+        ):
+            with pytest.raises(openai.NotFoundError) as caught:
+                call(created.id)
+            assert caught.value.body["type"] == "NotFoundError"  # type: ignore[index]
+        assert created.id not in [v.id for v in sdk.videos.list()]
 
 
 # -- restart (last: it replaces the module's server) ------------------------------
