@@ -335,6 +335,37 @@ def start_command(
     return _spawn(directory, argv, "127.0.0.1", port, env)
 
 
+@dataclass
+class Background:
+    """A command started without waiting for it, its output in files (a pipe
+    nobody reads could fill and block it)."""
+
+    proc: subprocess.Popen[bytes]
+    stdout: Path
+    stderr: Path
+
+    def result(self, timeout: float = 300.0) -> tuple[int, str, str]:
+        """Wait for it: exit status, stdout, stderr."""
+        code = self.proc.wait(timeout=timeout)
+        return code, self.stdout.read_text(), self.stderr.read_text()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+def start_in_background(directory: Path, name: str, *argv: str) -> Background:
+    """Start ``argv`` (its output in ``directory/name.out`` and ``.err``), so
+    that several commands that import vLLM (seconds of CPU each) can run side
+    by side; ``result`` waits for it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    stdout, stderr = directory / f"{name}.out", directory / f"{name}.err"
+    with stdout.open("wb") as out, stderr.open("wb") as err:
+        proc = subprocess.Popen(argv, stdout=out, stderr=err)
+    return Background(proc, stdout, stderr)
+
+
 def console_script(name: str) -> str:
     """The installed console script ``name`` of this interpreter's environment."""
     return str(Path(sys.executable).with_name(name))

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +27,24 @@ import psutil
 import pytest
 import yaml
 
-from tests.e2e.omni_server import REFERENCE_STAGES, start_server
+from tests.e2e.omni_server import (
+    REFERENCE_STAGES,
+    Background,
+    OmniServer,
+    start_in_background,
+    start_server,
+)
 from tests.e2e.servers import free_port
 
 PROG = "vllm-omni serve: error: "
+_SERVE = (sys.executable, "-m", "vllm_omni.entrypoints.cli.main", "serve")
 FAST_S = 3.0
 
 
 def _serve(
     *args: str, job_store: Path, timeout: float = 60.0
 ) -> tuple[int, str, float]:
-    argv = [sys.executable, "-m", "vllm_omni.entrypoints.cli.main", "serve"]
-    argv += ["--job-store", str(job_store), *args]
+    argv = [*_SERVE, "--job-store", str(job_store), *args]
     start = time.monotonic()
     done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     return done.returncode, done.stderr, time.monotonic() - start
@@ -154,27 +161,6 @@ def test_bad_command_line(tmp_path: Path, args: tuple[str, ...], message: str) -
     assert stderr == f"{PROG}{message}\n"
 
 
-def test_fault_that_cannot_be_built_fails_startup_in_one_line(tmp_path: Path) -> None:
-    """Known only once vLLM's classes load, but still one line, no traceback."""
-    fault = {
-        "stage": 1,
-        "marker": "@x",
-        "action": "raise",
-        "exception": "vllm.exceptions:GenerationError",
-        "args": [1, 2, 3, 4],
-    }
-    path = _pipeline(tmp_path, {**GOOD, "faults": [fault]})
-    code, stderr, _ = _serve(
-        "--pipeline", str(path), "--port", str(free_port()), job_store=tmp_path / "j"
-    )
-    lines = [line for line in stderr.splitlines() if line.startswith(PROG)]
-    assert code == 1 and "Traceback" not in stderr, stderr[-3000:]
-    assert len(lines) == 1 and lines[0].startswith(
-        f"{PROG}{path}: invalid pipeline config at faults[0].args: "
-        "vllm.exceptions:GenerationError cannot be built from args/kwargs (TypeError:"
-    ), stderr[-3000:]
-
-
 def test_a_stage_not_ready_within_the_startup_timeout(tmp_path: Path) -> None:
     """``--startup-timeout`` bounds the wait; the stage that was not ready is
     named in one line (a remote stage whose worker never connects)."""
@@ -200,6 +186,78 @@ def test_a_stage_not_ready_within_the_startup_timeout(tmp_path: Path) -> None:
     ]
 
 
+@dataclass
+class _Heavy:
+    fault_pipeline: Path
+    fault: Background
+    served: OmniServer
+    imports: Background
+
+
+_IMPORTS_PROBE = (
+    "import sys\n"
+    "import vllm_omni.engine.stage_worker\n"
+    "from vllm_omni.entrypoints.cli.api_servers import import_server\n"
+    "from vllm_omni.entrypoints.cli.serve import make_parser\n"
+    "server = import_server()\n"
+    "before = set(sys.modules)\n"
+    "server.build_app(make_parser().parse_args([]))\n"
+    "print(sorted(set(sys.modules) - before))\n"
+)
+
+
+@pytest.fixture(scope="module")
+def heavy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Heavy]:
+    """The processes that import vLLM (seconds of CPU each), started together
+    when the first of their tests starts, after every test that times a
+    command or a startup deadline (an import beside them would slow those);
+    each test waits for its own. ``fault``: ``serve`` on a pipeline with a
+    fault entry that cannot be built; ``served``: a server on the reference
+    pipeline, not yet ready; ``imports``: what building the app imports."""
+    directory = tmp_path_factory.mktemp("startup-heavy")
+    fault = {
+        "stage": 1,
+        "marker": "@x",
+        "action": "raise",
+        "exception": "vllm.exceptions:GenerationError",
+        "args": [1, 2, 3, 4],
+    }
+    path = _pipeline(directory, {**GOOD, "faults": [fault]})
+    started = _Heavy(
+        path,
+        start_in_background(
+            directory,
+            "fault",
+            *_SERVE,
+            "--job-store",
+            str(directory / "j"),
+            "--pipeline",
+            str(path),
+            "--port",
+            str(free_port()),
+        ),
+        start_server(directory / "served"),
+        start_in_background(directory, "imports", sys.executable, "-c", _IMPORTS_PROBE),
+    )
+    try:
+        yield started
+    finally:
+        for each in (started.fault, started.served, started.imports):
+            each.stop()
+
+
+def test_fault_that_cannot_be_built_fails_startup_in_one_line(heavy: _Heavy) -> None:
+    """Known only once vLLM's classes load, but still one line, no traceback."""
+    path = heavy.fault_pipeline
+    code, _, stderr = heavy.fault.result(timeout=60)
+    lines = [line for line in stderr.splitlines() if line.startswith(PROG)]
+    assert code == 1 and "Traceback" not in stderr, stderr[-3000:]
+    assert len(lines) == 1 and lines[0].startswith(
+        f"{PROG}{path}: invalid pipeline config at faults[0].args: "
+        "vllm.exceptions:GenerationError cannot be built from args/kwargs (TypeError:"
+    ), stderr[-3000:]
+
+
 _STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} "
 _GUARDRAIL_LINE = re.compile(
     rf"^{_STAMP}INFO stage-0 \[log-probe-1\] stage 0 request log-probe-1 failed "
@@ -207,9 +265,9 @@ _GUARDRAIL_LINE = re.compile(
 )
 
 
-def test_no_process_of_the_server_tree_survives_sigterm(tmp_path: Path) -> None:
+def test_no_process_of_the_server_tree_survives_sigterm(heavy: _Heavy) -> None:
     """Also: stage log lines are whole, stamped with time, stage and request."""
-    server = start_server(tmp_path)
+    server = heavy.served
     try:
         server.wait_ready()
         refused = httpx.post(
@@ -249,25 +307,13 @@ def _running(process: psutil.Process) -> bool:
         return False
 
 
-def test_serve_imports_nothing_on_the_engine_loop() -> None:
+def test_serve_imports_nothing_on_the_engine_loop(heavy: _Heavy) -> None:
     """``vllm-omni serve`` imports the API server and every route module in a
     thread (they import vLLM's serving code: seconds, mostly holding the
     GIL); building the app on the engine's loop then imports nothing. Before,
     the route modules were imported there: the loop stood still for 10 to
     60 s while the engine already ran, sending no heartbeat, and a stage on
     another host with a shorter orchestrator timeout gave up on it."""
-    code = (
-        "import sys\n"
-        "import vllm_omni.engine.stage_worker\n"
-        "from vllm_omni.entrypoints.cli.api_servers import import_server\n"
-        "from vllm_omni.entrypoints.cli.serve import make_parser\n"
-        "server = import_server()\n"
-        "before = set(sys.modules)\n"
-        "server.build_app(make_parser().parse_args([]))\n"
-        "print(sorted(set(sys.modules) - before))\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=180
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "[]"
+    code, stdout, stderr = heavy.imports.result(timeout=180)
+    assert code == 0, stderr[-2000:]
+    assert stdout.strip() == "[]"

@@ -28,9 +28,11 @@ import yaml
 
 from tests.e2e.omni_server import (
     REFERENCE_STAGES,
+    Background,
     OmniServer,
     console_script,
     start_command,
+    start_in_background,
 )
 
 pytestmark = pytest.mark.timeout(600)
@@ -302,29 +304,9 @@ ORIGIN = "http://app.example"
 
 
 @dataclass
-class _Command:
-    """A command started in the background, its output in files."""
-
-    proc: subprocess.Popen[bytes]
-    stdout: Path
-    stderr: Path
-
-    def result(self, timeout: float = 300.0) -> tuple[int, str, str]:
-        code = self.proc.wait(timeout=timeout)
-        return code, self.stdout.read_text(), self.stderr.read_text()
-
-
-def _command(directory: Path, name: str, *argv: str) -> _Command:
-    stdout, stderr = directory / f"{name}.out", directory / f"{name}.err"
-    with stdout.open("wb") as out, stderr.open("wb") as err:
-        proc = subprocess.Popen(argv, stdout=out, stderr=err)
-    return _Command(proc, stdout, stderr)
-
-
-@dataclass
 class _VllmCommands:
-    misspelled: _Command
-    help_all: _Command
+    misspelled: Background
+    help_all: Background
     frontend: OmniServer
 
 
@@ -338,7 +320,7 @@ def vllm_commands(
     ``frontend``: the reference pipeline (no weights) started with ``vllm
     serve --omni`` and vLLM's frontend arguments, not yet ready."""
     directory = tmp_path_factory.mktemp("vllm-commands")
-    misspelled = _command(
+    misspelled = start_in_background(
         directory,
         "misspelled",
         console_script("vllm"),
@@ -350,7 +332,7 @@ def vllm_commands(
         "--job-store",
         str(directory / "jobs"),
     )
-    help_all = _command(
+    help_all = start_in_background(
         directory,
         "help-all",
         sys.executable,
@@ -376,11 +358,8 @@ def vllm_commands(
     try:
         yield _VllmCommands(misspelled, help_all, frontend)
     finally:
-        frontend.stop()
-        for command in (misspelled, help_all):
-            if command.proc.poll() is None:
-                command.proc.kill()
-                command.proc.wait(timeout=10)
+        for started in (frontend, misspelled, help_all):
+            started.stop()
 
 
 def test_vllm_serve_omni_reaches_this_cli_and_exits_with_its_status(
