@@ -15,10 +15,13 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
+
+from tests.e2e.omni_server import Background
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON_DOC = ROOT / "docs" / "errors" / "python.md"
@@ -38,30 +41,59 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
-def _run(argv: list[str], cwd: Path, stdin: str | None = None) -> tuple[str, str]:
-    done = subprocess.run(
-        argv,
-        cwd=cwd,
-        env=_env(),
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=_TIMEOUT_S,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout, done.stderr
+def _start(argv: list[str], cwd: Path, stdin: str | None = None) -> Background:
+    """Start ``argv`` in ``cwd`` (``stdin``: its standard input), its output
+    in files; ``Background.result`` waits for it."""
+    stdout, stderr = cwd / "stdout.txt", cwd / "stderr.txt"
+    with stdout.open("wb") as out, stderr.open("wb") as err:
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=_env(),
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+        )
+    if stdin is not None:
+        assert proc.stdin is not None
+        proc.stdin.write(stdin.encode())
+        proc.stdin.close()
+    return Background(proc, stdout, stderr)
+
+
+@pytest.fixture(scope="module")
+def doc_example_runs(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[str, Background]]:
+    """The doc's example as a plain script and through standard input,
+    started together when the first of their tests starts (each imports
+    vLLM and starts the reference stages: seconds of CPU); each test waits
+    for its own."""
+    example, _ = _doc_example()
+    runs: dict[str, Background] = {}
+    try:
+        for how in ("script", "stdin"):
+            directory = tmp_path_factory.mktemp(f"doc-example-{how}")
+            if how == "script":
+                script = directory / "example.py"
+                script.write_text(example)
+                runs[how] = _start([sys.executable, str(script)], directory)
+            else:
+                runs[how] = _start([sys.executable, "-"], directory, stdin=example)
+        yield runs
+    finally:
+        for run in runs.values():
+            run.stop()
 
 
 @pytest.mark.parametrize("how", ["script", "stdin"])
-def test_python_doc_example_runs_as_a_plain_script(how: str, tmp_path: Path) -> None:
+def test_python_doc_example_runs_as_a_plain_script(
+    how: str, doc_example_runs: dict[str, Background]
+) -> None:
     example, documented = _doc_example()
     assert 'if __name__ == "__main__"' not in example
-    script = tmp_path / "example.py"
-    script.write_text(example)
-    if how == "script":
-        stdout, stderr = _run([sys.executable, str(script)], tmp_path)
-    else:
-        stdout, stderr = _run([sys.executable, "-"], tmp_path, stdin=example)
+    code, stdout, stderr = doc_example_runs[how].result(timeout=_TIMEOUT_S)
+    assert code == 0, stderr[-3000:]
     assert stdout == documented
     # Nobody configured logging: no stage INFO line, no traceback.
     assert " INFO " not in stderr and "Traceback" not in stderr, stderr
