@@ -355,14 +355,16 @@ class Background:
             self.proc.wait(timeout=10)
 
 
-def start_in_background(directory: Path, name: str, *argv: str) -> Background:
+def start_in_background(
+    directory: Path, name: str, *argv: str, env: dict[str, str] | None = None
+) -> Background:
     """Start ``argv`` (its output in ``directory/name.out`` and ``.err``), so
     that several commands that import vLLM (seconds of CPU each) can run side
-    by side; ``result`` waits for it."""
+    by side; ``result`` waits for it. ``env``: its whole environment."""
     directory.mkdir(parents=True, exist_ok=True)
     stdout, stderr = directory / f"{name}.out", directory / f"{name}.err"
     with stdout.open("wb") as out, stderr.open("wb") as err:
-        proc = subprocess.Popen(argv, stdout=out, stderr=err)
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, env=env)
     return Background(proc, stdout, stderr)
 
 

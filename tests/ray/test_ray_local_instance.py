@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
+
+from tests.e2e.omni_server import Background, start_in_background
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -54,20 +56,37 @@ asyncio.run(main())
 """
 
 
-@pytest.mark.parametrize("imported", ["engine-first", "ray-first"])
-def test_engine_starts_and_stops_a_loopback_ray(imported: str) -> None:
+IMPORTED = ("engine-first", "ray-first")
+
+
+@pytest.fixture(scope="module")
+def probes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Background]]:
+    """Both probes, started together when the first of their tests starts
+    (each starts a Ray instance of its own, on ports of its own); each test
+    waits for its own."""
+    directory = tmp_path_factory.mktemp("ray-local-probes")
     env = {
         k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
     }
-    done = subprocess.run(
-        [sys.executable, "-c", _PROBE, imported],
-        capture_output=True,
-        text=True,
-        timeout=170,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    probe = json.loads(done.stdout.strip().splitlines()[-1])
+    started: dict[str, Background] = {}
+    try:
+        for imported in IMPORTED:
+            started[imported] = start_in_background(
+                directory, imported, sys.executable, "-c", _PROBE, imported, env=env
+            )
+        yield started
+    finally:
+        for probe in started.values():
+            probe.stop()
+
+
+@pytest.mark.parametrize("imported", IMPORTED)
+def test_engine_starts_and_stops_a_loopback_ray(
+    imported: str, probes: dict[str, Background]
+) -> None:
+    code, stdout, stderr = probes[imported].result(timeout=170)
+    assert code == 0, stderr[-3000:]
+    probe = json.loads(stdout.strip().splitlines()[-1])
     assert probe["text"] == "You said: hi"
     assert probe["address"].startswith("tcp://127.0.0.1:")
     assert probe["gcs"].startswith("127.0.0.1:")
