@@ -33,8 +33,8 @@ def servers(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[dict[str, OmniServer]]:
     root = tmp_path_factory.mktemp("engine-death")
-    dying_dir, alive_dir, two_dir = root / "dying", root / "alive", root / "two"
-    for directory in (dying_dir, alive_dir, two_dir):
+    dying_dir, alive_dir = root / "dying", root / "alive"
+    for directory in (dying_dir, alive_dir):
         directory.mkdir()
     # The keep-alive server has no image stage: its image route is a 503.
     no_image = [s for s in REFERENCE_STAGES if s["kind"] != "image"]
@@ -44,13 +44,6 @@ def servers(
             alive_dir,
             write_pipeline(alive_dir, stages=no_image),
             env={"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"},
-        ),
-        # Two API server processes in front of the dying engine (issue 46).
-        "two": start_server(
-            two_dir,
-            write_pipeline(two_dir),
-            extra_args=("--api-server-count", "2"),
-            env={"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "120"},
         ),
     }
     try:
@@ -131,12 +124,31 @@ def test_fatal_stage_failure_fails_in_flight_and_exits(
     assert "stage 3" in server.log()
 
 
+@pytest.fixture(scope="module")
+def two_api_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OmniServer]:
+    """Two API server processes in front of the dying engine (issue 46)."""
+    directory = tmp_path_factory.mktemp("engine-death-two")
+    server = start_server(
+        directory,
+        write_pipeline(directory),
+        extra_args=("--api-server-count", "2"),
+        env={"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "120"},
+    )
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+# With the drills (``-m drill``, .ci/run): its own server, not the suite's time.
+@pytest.mark.drill
 def test_a_dead_stage_fails_the_requests_of_every_api_server_process(
-    servers: dict[str, OmniServer],
+    two_api_servers: OmniServer,
 ) -> None:
     """With ``--api-server-count 2`` the stage's record reaches the requests
     in flight in each process, and the whole server exits, leaving nothing."""
-    server = servers["two"]
+    server = two_api_servers
     port = urlsplit(server.base_url).port or 0
     pids = api_pids(server.proc.pid, port)
     main = psutil.Process(server.proc.pid)
