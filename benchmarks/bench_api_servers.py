@@ -37,11 +37,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
-
 from benchmarks.paired import failed, met, spread, table, target_table
 from tests.e2e.omni_server import OmniServer, start_server
+from tests.e2e.servers import metric_samples
 
 CONCURRENCY = 32
 REQUESTS = {"front end only": 20000, "error route": 8000, "success route": 3000}
@@ -108,12 +106,10 @@ def _block(
 
 
 def _requests_total(server: OmniServer) -> float:
-    text = httpx.get(server.base_url + "/metrics", timeout=10).text
     return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "http_requests_total"
+        value
+        for (name, _), value in metric_samples(server.base_url).items()
+        if name == "http_requests_total"
     )
 
 
