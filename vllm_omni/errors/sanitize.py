@@ -321,7 +321,20 @@ _SECRET_NAME = _AnyWord(
         "contrase",
     )
 )
-Trigger = str | re.Pattern[str] | _AnyWord
+_Simple = str | re.Pattern[str] | _AnyWord
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _All:
+    """A trigger that occurs when every one of ``parts`` occurs: a plugin
+    whose match holds a common keyword (``key``, ``token``) and a long run
+    of token characters is triggered by both, not by either alone (a
+    request id is such a run; most prose has such a word)."""
+
+    parts: tuple[_Simple, ...]
+
+
+Trigger = _Simple | _All
 # A base64 run without a "/" (runs with one are triggered by "/").
 _BASE64_RUN_RE = re.compile(r"[A-Za-z0-9+]{64}")
 
@@ -379,16 +392,32 @@ _SKIPPED_PLUGINS = frozenset(
 # run of token characters after a keyword share one trigger for the run: the
 # keywords (``key``, ``pass``, ``cl``) occur in most prose.
 _LONG_TOKEN = re.compile(r"[\w/+-]{24}")
+# The names before the secret in the keyword plugins' patterns (``pwd`` and
+# ``password`` hold ``pw`` and ``pass``), matched case-insensitively.
+_PLUGIN_KEY_NAME = _AnyWord(("key", "pw", "pass", "token"))
 _PLUGIN_TRIGGERS: dict[str, tuple[Trigger, ...]] = {
     "ArtifactoryDetector": ("AKC", "AP"),
-    "AWSKeyDetector": ("A3T", "ABIA", "ACCA", "AKIA", "ASIA", _LONG_TOKEN),
+    "AWSKeyDetector": (
+        "A3T",
+        "ABIA",
+        "ACCA",
+        "AKIA",
+        "ASIA",
+        _All((_LONG_TOKEN, _AnyWord(("aws",)))),
+    ),
     "AzureStorageKeyDetector": ("AccountKey=",),
-    "CloudantDetector": (_LONG_TOKEN,),
-    "DiscordBotTokenDetector": (_LONG_TOKEN,),
+    "CloudantDetector": (
+        _All((_LONG_TOKEN, _PLUGIN_KEY_NAME)),
+        _AnyWord(("cloudant",)),
+    ),
+    "DiscordBotTokenDetector": (
+        # From its first dot on (a literal first is searched fast).
+        _All((_LONG_TOKEN, re.compile(r"\.[\w-]{6}\."))),
+    ),
     "GitHubTokenDetector": ("gh",),
     "GitLabTokenDetector": ("gl", "GR1348941"),
-    "IbmCloudIamDetector": (_LONG_TOKEN,),
-    "IbmCosHmacDetector": (_LONG_TOKEN,),
+    "IbmCloudIamDetector": (_All((_LONG_TOKEN, _PLUGIN_KEY_NAME)),),
+    "IbmCosHmacDetector": (_All((_LONG_TOKEN, _AnyWord(("secret",)))),),
     "JwtTokenDetector": ("eyJ",),
     "MailchimpDetector": ("-us",),
     "NpmDetector": ("_authToken",),
@@ -397,11 +426,14 @@ _PLUGIN_TRIGGERS: dict[str, tuple[Trigger, ...]] = {
     "PypiTokenDetector": ("pypi-",),
     "SendGridDetector": ("SG.",),
     "SlackDetector": (_AnyWord(("xox", "hooks.slack.com")),),
-    "SoftlayerDetector": (_LONG_TOKEN,),
+    "SoftlayerDetector": (
+        _All((_LONG_TOKEN, _PLUGIN_KEY_NAME)),
+        _AnyWord(("softlayer",)),
+    ),
     "SquareOAuthDetector": ("sq0csp-",),
     "StripeDetector": ("k_live_",),
-    "TelegramBotTokenDetector": (_LONG_TOKEN,),
-    "TwilioKeyDetector": (_LONG_TOKEN,),
+    "TelegramBotTokenDetector": (_All((_LONG_TOKEN, re.compile(r":[\w-]{35}"))),),
+    "TwilioKeyDetector": (_All((_LONG_TOKEN, re.compile(r"(?:AC|SK)[a-z0-9]{32}"))),),
 }
 # Around a plugin's secret, what belongs to its context, not to it.
 _DELIMITERS = frozenset(" \t\r\n\v\f\"'`=:@[]()")
@@ -585,9 +617,12 @@ class _Triggers:
         substrings: dict[str, set[str]] = {}
         words: dict[str, set[str]] = {}
         patterns: dict[re.Pattern[str], set[str]] = {}
+        every: dict[_All, set[str]] = {}
         for name, of_rule in triggers.items():
             for trigger in of_rule:
-                if isinstance(trigger, str):
+                if isinstance(trigger, _All):
+                    every.setdefault(trigger, set()).add(name)
+                elif isinstance(trigger, str):
                     substrings.setdefault(trigger, set()).add(name)
                 elif isinstance(trigger, _AnyWord):
                     for word in trigger.words:
@@ -597,6 +632,20 @@ class _Triggers:
         self._substrings = [(s, frozenset(n)) for s, n in substrings.items()]
         self._words = [(w, frozenset(n)) for w, n in words.items()]
         self._patterns = [(p, frozenset(n)) for p, n in patterns.items()]
+        # Each conjunction's parts as (index of the part among all of them,
+        # pattern, whether on the lower-cased text).
+        index: dict[_Simple, int] = {}
+        self._every = [
+            (
+                tuple(
+                    (index.setdefault(part, len(index)), *_test(part))
+                    for part in t.parts
+                ),
+                frozenset(n),
+            )
+            for t, n in every.items()
+        ]
+        self._parts = len(index)
         self._any_substring = re.compile(_any_of(substrings))
         self._any_word = re.compile(_any_of(words))
 
@@ -614,7 +663,33 @@ class _Triggers:
         for pattern, names in self._patterns:
             if not names <= found and pattern.search(text):
                 found |= names
+        if self._every:
+            # Each part tested once per text; the parts the conjunctions
+            # share come first, so most texts are done after one test.
+            seen: list[bool | None] = [None] * self._parts
+            for parts, names in self._every:
+                if names <= found:
+                    continue
+                for part, pattern, on_lowered in parts:
+                    occurs = seen[part]
+                    if occurs is None:
+                        subject = lowered if on_lowered else text
+                        occurs = seen[part] = pattern.search(subject) is not None
+                    if not occurs:
+                        break
+                else:
+                    found |= names
         return found
+
+
+def _test(part: _Simple) -> tuple[re.Pattern[str], bool]:
+    """``part`` as a pattern to search for, and whether in the lower-cased
+    text (an ``_AnyWord``)."""
+    if isinstance(part, str):
+        return re.compile(re.escape(part)), False
+    if isinstance(part, _AnyWord):
+        return re.compile(_any_of(part.words)), True
+    return part, False
 
 
 def _active_rules(text: str, table: _Table, among: tuple[str, ...]) -> tuple[str, ...]:
