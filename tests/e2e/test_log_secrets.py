@@ -13,6 +13,7 @@ failures must be there, with their paths, tracebacks and request ids, and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import re
@@ -99,6 +100,11 @@ class _RaisingEngine:
 
     def check_admission(self, request_id: str) -> None:
         return None
+
+    def hold_admission(
+        self, request_id: str
+    ) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
 
     def stage_for(self, modality: str) -> StageConfig | None:
         return StageConfig(1, "thinker", "text") if modality == "text" else None

@@ -11,8 +11,10 @@ plus the ROUTER's send HWM); the ROUTER silently dropped the rest: 504 after
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import pickle
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
@@ -255,3 +257,42 @@ async def test_a_full_stage_refuses_at_once_and_keeps_nothing_behind(
         assert local("vllm_omni:requests_in_flight") == 0
     finally:
         engine.shutdown()
+
+
+async def _elsewhere(coroutine: Coroutine[Any, Any, int]) -> int:
+    """Another request's call: in a context of its own, not the holder's."""
+    return await asyncio.create_task(coroutine, context=contextvars.Context())
+
+
+async def test_a_held_place_counts_until_the_request_is_admitted(
+    limited_engine: AsyncOmni,
+) -> None:
+    """Issue 46: a place held by a route that passed the early check counts
+    against the limit until that request reaches ``generate`` (where it is
+    counted as in flight instead, not twice) or the route ends."""
+    with contextlib.ExitStack() as others:
+        for i in range(3):
+            others.enter_context(limited_engine.hold_admission(f"held-{i}"))
+        with limited_engine.hold_admission("held-3"):
+            # Four places held: another request is refused, early or in
+            # generate.
+            with pytest.raises(QueueOverflowError):
+                limited_engine.check_admission("over")
+            with pytest.raises(QueueOverflowError):
+                await _elsewhere(image(limited_engine, 98, SMALL))
+            # The holder itself is admitted: its place becomes its slot.
+            assert await image(limited_engine, 4, SMALL) == 1
+            # Its place was given back once, when it was admitted: three
+            # held, one free.
+            assert await _elsewhere(image(limited_engine, 5, SMALL)) == 1
+        # Leaving the context gives back nothing more.
+        with limited_engine.hold_admission("fourth"):
+            with pytest.raises(QueueOverflowError):
+                limited_engine.check_admission("over")
+    # Every place given back: the limit is whole again.
+    with contextlib.ExitStack() as held:
+        for i in range(4):
+            held.enter_context(limited_engine.hold_admission(f"again-{i}"))
+        with pytest.raises(QueueOverflowError):
+            limited_engine.hold_admission("fifth")
+    assert local("vllm_omni:requests_in_flight") == 0

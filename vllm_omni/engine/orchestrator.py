@@ -149,6 +149,13 @@ class Orchestrator:
         own limit is known once the request is routed, in ``generate``."""
         self.requests.check_admission(request_id)
 
+    def hold_admission(
+        self, request_id: str
+    ) -> contextlib.AbstractContextManager[None]:
+        """``check_admission``, then a place held for ``request_id`` until it
+        is admitted or the context ends (``request_table.AdmissionHolds``)."""
+        return self.requests.hold_admission(request_id)
+
     # -- fault tolerance -------------------------------------------------------
 
     def check_faulted(self) -> None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import dataclasses
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from vllm.exceptions import QueueOverflowError
 
@@ -33,9 +35,11 @@ __all__ = [
     "ABORTED",
     "DEFAULT_MAX_NUM_QUEUED_REQS",
     "Aborted",
+    "AdmissionHolds",
     "Request",
     "RequestTable",
     "refuse_over_limit",
+    "release_held_place",
 ]
 
 logger = logging.getLogger(__name__)
@@ -60,6 +64,62 @@ def refuse_over_limit(request_id: str, in_flight: int, limit: int) -> None:
             limit,
         )
         raise QueueOverflowError()
+
+
+class _Place:
+    """One place an ``AdmissionHolds`` keeps, given back once."""
+
+    __slots__ = ("_holds",)
+
+    def __init__(self, holds: AdmissionHolds) -> None:
+        self._holds: AdmissionHolds | None = holds
+
+    def release(self) -> None:
+        if self._holds is not None:
+            self._holds.count -= 1
+            self._holds = None
+
+
+# The place held for the request this context serves (an HTTP route's task).
+_HELD: contextvars.ContextVar[_Place | None] = contextvars.ContextVar(
+    "vllm_omni_admission_place", default=None
+)
+
+
+class AdmissionHolds:
+    """Places held for requests that passed the early admission check of an
+    HTTP route (issue 46) and have not reached admission proper yet.
+
+    A route that passed the check lets the requests that arrived with it be
+    answered first (a burst's refusals go out before the admitted requests'
+    work). Its place is held meanwhile, so that the requests behind it are
+    counted against the limit with it: without it, every request of a burst
+    would pass the early check before the first is admitted. The place is
+    given back when the request is admitted (``release_held_place``, in the
+    same context) or when the route ends, whichever comes first.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        place = _Place(self)
+        self.count += 1
+        token = _HELD.set(place)
+        try:
+            yield
+        finally:
+            _HELD.reset(token)
+            place.release()
+
+
+def release_held_place() -> None:
+    """The request this context serves reached admission: the place held for
+    it (if any) is given back, since it is counted as in flight from now on."""
+    place = _HELD.get()
+    if place is not None:
+        place.release()
 
 
 class Aborted:
@@ -117,6 +177,8 @@ class RequestTable:
         # Told the number in flight whenever it changes (the admission board
         # API server processes read: ``entrypoints.engine_rpc``).
         self.count_listener: Callable[[int], None] | None = None
+        # Places held for requests an HTTP route let through early.
+        self.holds = AdmissionHolds()
         for stage in pipeline.stages:
             if stage.max_num_queued_reqs is not None:
                 ADMISSION_REJECTIONS_TOTAL.labels("max_num_queued_reqs", str(stage.id))
@@ -132,11 +194,25 @@ class RequestTable:
     def check_admission(self, request_id: str) -> None:
         """Refuse ``request_id`` when the engine holds its maximum already:
         upstream's ``QueueOverflowError`` (503), counted once. ``open`` asks
-        it, and an HTTP route asks it before it reads its body (issue 46)."""
-        refuse_over_limit(request_id, len(self._requests), self.max_num_queued_reqs)
+        it, and an HTTP route asks it before it reads its body (issue 46).
+        The places held for requests let through early count as in flight."""
+        refuse_over_limit(
+            request_id,
+            len(self._requests) + self.holds.count,
+            self.max_num_queued_reqs,
+        )
+
+    def hold_admission(
+        self, request_id: str
+    ) -> contextlib.AbstractContextManager[None]:
+        """``check_admission``, then a place held for ``request_id`` until it
+        is admitted or the context ends (``AdmissionHolds``)."""
+        self.check_admission(request_id)
+        return self.holds.hold()
 
     def open(self, request_id: str) -> Request:
         """Admit a request (or refuse it: the engine holds its maximum)."""
+        release_held_place()
         self.check_admission(request_id)
         safe = sanitize_request_id(request_id) == request_id
         wire_id = request_id if safe else f"omni-{uuid.uuid4().hex}"

@@ -380,6 +380,15 @@ class AsyncOmni:
         still decides; a request this lets through may be refused there."""
         self._orchestrator.check_admission(request_id)
 
+    def hold_admission(
+        self, request_id: str
+    ) -> contextlib.AbstractContextManager[None]:
+        """``check_admission``, then a place held for ``request_id`` until
+        ``generate`` admits it or the context ends: an HTTP route that passed
+        the check lets the requests that came with it be refused first,
+        while its own place counts against the limit."""
+        return self._orchestrator.hold_admission(request_id)
+
     def watch_in_flight(self, listener: Callable[[int], None] | None) -> None:
         """Tell ``listener`` how many requests are in flight now and whenever
         that changes (an API server process in front of this engine reads it

@@ -13,6 +13,7 @@ status) return awaitables; the routes await them (``serving_common.resolved``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Iterable, Mapping
@@ -21,7 +22,11 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from vllm_omni.engine.loop_socket import LoopSocket
-from vllm_omni.engine.request_table import refuse_over_limit
+from vllm_omni.engine.request_table import (
+    AdmissionHolds,
+    refuse_over_limit,
+    release_held_place,
+)
 from vllm_omni.entrypoints.engine_rpc.board import AdmissionBoard
 from vllm_omni.entrypoints.engine_rpc.protocol import (
     EngineInfo,
@@ -50,6 +55,9 @@ class EngineClient:
     def __init__(self, address: str, board: AdmissionBoard) -> None:
         self.address = address
         self._board = board
+        # Places held for requests this process's routes let through early:
+        # counted with the engine's count until they reach it.
+        self._holds = AdmissionHolds()
         self._context = zmq.Context()
         self._socket = LoopSocket(
             open_socket(self._context, zmq.DEALER), self._on_frames
@@ -162,6 +170,7 @@ class EngineClient:
         key = next(self._ids)
         queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self._streams[key] = queue
+        release_held_place()  # the engine counts it from now on
         self._post(("generate", key, (prompt, sampling_params, request_id), kwargs))
         ended = False
         try:
@@ -192,7 +201,18 @@ class EngineClient:
 
     def check_admission(self, request_id: str) -> None:
         """``AsyncOmni.check_admission`` against the engine's count."""
-        refuse_over_limit(request_id, self._board.get(), self.max_num_queued_reqs)
+        refuse_over_limit(
+            request_id,
+            self._board.get() + self._holds.count,
+            self.max_num_queued_reqs,
+        )
+
+    def hold_admission(
+        self, request_id: str
+    ) -> contextlib.AbstractContextManager[None]:
+        """``AsyncOmni.hold_admission``: the places are held in this process."""
+        self.check_admission(request_id)
+        return self._holds.hold()
 
     # -- health ----------------------------------------------------------------
 

@@ -13,6 +13,7 @@ is left to the route (its own 503 names the failure).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -37,9 +38,15 @@ def admitted(endpoint: Endpoint) -> Endpoint:
 def _admitted_first(route_app: ASGIApp) -> ASGIApp:
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         engine = getattr(scope["app"].state, "engine_client", None)
-        if engine is not None and not engine.errored:
-            engine.check_admission(scope_request_id(scope))
-        await route_app(scope, receive, send)
+        if engine is None or engine.errored:
+            await route_app(scope, receive, send)
+            return
+        with engine.hold_admission(scope_request_id(scope)):
+            # Let the requests that arrived with this one reach their own
+            # check first: a refusal is answered at once, not after the
+            # admitted requests' work (its place is held meanwhile).
+            await asyncio.sleep(0)
+            await route_app(scope, receive, send)
 
     return app
 
