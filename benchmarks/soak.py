@@ -1145,37 +1145,45 @@ class _Connection:
         reader, writer = await asyncio.open_connection(address.host, address.port)
         return cls(reader, writer)
 
-    async def post(
-        self, path: str, body: dict[str, Any]
-    ) -> tuple[httpx.Response, float]:
-        payload = json.dumps(body).encode()
-        head = (
-            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            "Content-Type: application/json\r\nConnection: close\r\n"
-            f"Content-Length: {len(payload)}\r\n\r\n"
-        ).encode()
+    async def post(self, payload: bytes) -> tuple[bytes, bytes, float]:
+        """Write one request (``payload``: its bytes, built before the clock
+        starts) and read its whole response: its head and body, kept raw
+        until every response is in (the client's own parsing would delay
+        the reading of the others), and the time it took."""
         began = time.monotonic()
-        self.writer.write(head + payload)
-        await self.writer.drain()
-        status_line, *lines = (
-            (await self.reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
-        )
-        headers = [tuple(line.split(": ", 1)) for line in lines if ": " in line]
-        length = next(
-            (int(v) for k, v in headers if k.lower() == "content-length"), None
-        )
-        if length is not None:
-            content = await self.reader.readexactly(length)
+        self.writer.write(payload)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        at = head.lower().find(b"\r\ncontent-length:")
+        if at >= 0:
+            end = head.index(b"\r\n", at + 2)
+            content = await self.reader.readexactly(int(head[at + 17 : end]))
         else:  # chunked, or until the server closes
-            content = _dechunked(await self.reader.read())
+            content = await self.reader.read()
         seconds = time.monotonic() - began
         self.writer.close()
-        response = httpx.Response(
-            int(status_line.split(" ", 2)[1]),
-            headers=[(k, v) for k, v in headers if k.lower() != "transfer-encoding"],
-            content=content,
-        )
-        return response, seconds
+        return head, content, seconds
+
+
+def _request(path: str, body: dict[str, Any]) -> bytes:
+    payload = json.dumps(body).encode()
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        "Content-Type: application/json\r\nConnection: close\r\n"
+        f"Content-Length: {len(payload)}\r\n\r\n"
+    ).encode() + payload
+
+
+def _response(head: bytes, content: bytes) -> httpx.Response:
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = [tuple(line.split(": ", 1)) for line in lines if ": " in line]
+    chunked = any(
+        k.lower() == "transfer-encoding" and v == "chunked" for k, v in headers
+    )
+    return httpx.Response(
+        int(status_line.split(" ", 2)[1]),
+        headers=[(k, v) for k, v in headers if k.lower() != "transfer-encoding"],
+        content=_dechunked(content) if chunked else content,
+    )
 
 
 def _dechunked(data: bytes) -> bytes:
@@ -1191,19 +1199,18 @@ def _dechunked(data: bytes) -> bytes:
 
 
 async def _burst_one(
-    connection: _Connection, index: int, params: dict[str, Any]
+    connection: _Connection, payload: bytes
 ) -> tuple[httpx.Response | BaseException, float]:
-    """One request of the burst: its raw response (checked once every
-    response is in, so that the client's own checking does not delay the
-    reading of the others) and its time."""
-    body = {"prompt": f"burst {index}", **params}
+    """One request of the burst: its response (checked once every response
+    is in) and its time."""
     try:
-        return await asyncio.wait_for(
-            connection.post("/v1/images/generations", body), REQUEST_TIMEOUT_S
+        head, content, seconds = await asyncio.wait_for(
+            connection.post(payload), REQUEST_TIMEOUT_S
         )
     except Exception as exc:
         connection.writer.close()
         return exc, REQUEST_TIMEOUT_S
+    return _response(head, content), seconds
 
 
 def _burst_record(
@@ -1244,11 +1251,15 @@ async def _burst(server: OmniServer, report: Report) -> list[Record]:
     connection of its own opened before."""
     params = [{"n": 10, "size": "1024x1024"}] * 2 + [{"size": "64x64"}] * BURST
     connections = [await _Connection.open(server.base_url) for _ in params]
+    payloads = [
+        _request("/v1/images/generations", {"prompt": f"burst {i}", **p})
+        for i, p in enumerate(params)
+    ]
     began = time.monotonic()
     results = await asyncio.gather(
         *(
-            _burst_one(c, i, p)
-            for i, (c, p) in enumerate(zip(connections, params, strict=True))
+            _burst_one(c, payload)
+            for c, payload in zip(connections, payloads, strict=True)
         )
     )
     report.burst_s = time.monotonic() - began

@@ -76,7 +76,7 @@ class _Place:
 
     def release(self) -> None:
         if self._holds is not None:
-            self._holds.count -= 1
+            self._holds.changed(-1)
             self._holds = None
 
 
@@ -99,13 +99,21 @@ class AdmissionHolds:
     same context) or when the route ends, whichever comes first.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, published: Callable[[int], None] | None = None) -> None:
         self.count = 0
+        # Told the number of places whenever it changes (another process
+        # counts them: ``engine_rpc.AdmissionBoard``).
+        self._published = published
+
+    def changed(self, by: int) -> None:
+        self.count += by
+        if self._published is not None:
+            self._published(self.count)
 
     @contextlib.contextmanager
     def hold(self) -> Iterator[None]:
         place = _Place(self)
-        self.count += 1
+        self.changed(+1)
         token = _HELD.set(place)
         try:
             yield

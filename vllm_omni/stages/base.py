@@ -7,9 +7,12 @@ stays preemptible (docs/runtime.md §1).
 from __future__ import annotations
 
 import abc
+import asyncio
+import functools
 import re
-from collections.abc import AsyncIterator, Mapping
-from typing import Any, ClassVar
+from collections.abc import AsyncIterator, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, ClassVar, TypeVar
 
 from vllm_omni.config import PipelineConfig, StageConfig
 from vllm_omni.errors import VLLMValidationError
@@ -17,6 +20,8 @@ from vllm_omni.stages.ranges import SIZE_STEP, ParamRange
 from vllm_omni.wire.messages import Payload, Submit
 
 __all__ = ["SIZE_STEP", "Stage", "bounded_float", "bounded_int", "parse_size"]
+
+_T = TypeVar("_T")
 
 _SIZE_RE = re.compile(r"([0-9]{1,5})[xX]([0-9]{1,5})")
 
@@ -33,6 +38,23 @@ class Stage(abc.ABC):
     def __init__(self, config: StageConfig, pipeline: PipelineConfig) -> None:
         self.config = config
         self.pipeline = pipeline
+        self._device: ThreadPoolExecutor | None = None
+
+    async def on_device(self, work: Callable[..., _T], *args: Any) -> _T:
+        """Run ``work(*args)`` on the stage's device: one worker thread per
+        stage, one piece of work at a time, as a model stage runs one batch
+        at a time on its accelerator. The reference stages compute on the
+        CPU what a model computes on its device; in the default executor's
+        threads one stage would take every core of the host (the API server's
+        included), which no device-bound stage does. The stage's event loop
+        stays free meanwhile."""
+        if self._device is None:
+            self._device = ThreadPoolExecutor(
+                1, thread_name_prefix=f"stage-{self.config.id}-device"
+            )
+        return await asyncio.get_running_loop().run_in_executor(
+            self._device, functools.partial(work, *args)
+        )
 
     @classmethod  # noqa: B027 - optional hook
     def check_params(cls, params: Mapping[str, Any]) -> None:

@@ -7,7 +7,6 @@ bytes never reach an error message.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import io
 import struct
@@ -171,7 +170,7 @@ class ImageStage(Stage):
         params = request.params
         width, height, count = _size_and_count(params)
         seed = seed_for(request.prompt, params)
-        images = await asyncio.to_thread(
+        images = await self.on_device(
             _draw,
             params.get("image"),
             width,

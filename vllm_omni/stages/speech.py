@@ -6,7 +6,6 @@ Owns the reference voices and validates ``voice`` and ``speed``
 
 from __future__ import annotations
 
-import asyncio
 import io
 import wave
 from collections.abc import AsyncIterator, Mapping
@@ -91,8 +90,8 @@ class VocoderStage(Stage):
             raise RuntimeError("vocoder received no codes from the talker")
         base = VOICES.get(str(inputs.meta.get("voice")), VOICES[DEFAULT_VOICE])
         speed = float(inputs.meta.get("speed", 1.0))
-        # Synthesis is CPU-bound: a worker thread keeps the loop responsive.
-        audio = await asyncio.to_thread(synthesize, inputs.tokens, base, speed)
+        # Synthesis is CPU-bound: the device thread keeps the loop responsive.
+        audio = await self.on_device(synthesize, inputs.tokens, base, speed)
         yield Payload(
             audio=audio,
             meta={"sample_rate": SAMPLE_RATE, "format": "wav"},

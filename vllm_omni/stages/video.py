@@ -6,7 +6,6 @@ event loop (docs/runtime.md §1).
 
 from __future__ import annotations
 
-import asyncio
 import io
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, ClassVar
@@ -46,7 +45,7 @@ class VideoStage(Stage):
         seconds, width, height, fps = _settings(params)
         seed = seed_for(request.prompt, params)
         count = max(1, round(seconds * fps))
-        video = await asyncio.to_thread(_encode_gif, width, height, fps, seed, count)
+        video = await self.on_device(_encode_gif, width, height, fps, seed, count)
         yield Payload(
             video=video,
             meta={

@@ -130,7 +130,7 @@ def fork_api_servers(args: argparse.Namespace, count: int) -> ApiServers:
     servers = ApiServers(
         count=count,
         run_dir=tempfile.mkdtemp(prefix="vllm-omni-api-"),
-        board=AdmissionBoard(),
+        board=AdmissionBoard(count),
     )
     keep_metrics_in_files(servers.run_dir)
     parent = os.getpid()
@@ -165,7 +165,7 @@ def _api_server_process(
     # Ctrl-C reaches the whole process group; the engine process decides.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _name_the_process(f"api-server-{index}")
-    return int(uvloop.run(_serve_api(args, servers)))
+    return int(uvloop.run(_serve_api(args, servers, index)))
 
 
 def _name_the_process(name: str) -> None:
@@ -174,10 +174,10 @@ def _name_the_process(name: str) -> None:
         handler.setFormatter(formatter)
 
 
-async def _serve_api(args: argparse.Namespace, servers: ApiServers) -> int:
+async def _serve_api(args: argparse.Namespace, servers: ApiServers, index: int) -> int:
     from vllm_omni.entrypoints.engine_rpc.client import EngineClient
 
-    client = EngineClient(servers.address, servers.board)
+    client = EngineClient(servers.address, servers.board, index)
     api_server = await asyncio.to_thread(import_server)
     startup = args.startup_timeout or _DEFAULT_STARTUP_S
     await client.connect(startup + _CONNECT_MARGIN_S)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Iterable, Mapping
@@ -52,12 +53,13 @@ logger = logging.getLogger("vllm_omni.engine_rpc")
 class EngineClient:
     """``AsyncOmni``'s surface, served by the engine process at ``address``."""
 
-    def __init__(self, address: str, board: AdmissionBoard) -> None:
+    def __init__(self, address: str, board: AdmissionBoard, index: int = 0) -> None:
         self.address = address
         self._board = board
-        # Places held for requests this process's routes let through early:
-        # counted with the engine's count until they reach it.
-        self._holds = AdmissionHolds()
+        # Places held for requests this process's routes let through early,
+        # on the board (every process counts them) until they reach the
+        # engine.
+        self._holds = AdmissionHolds(functools.partial(board.hold, index))
         self._context = zmq.Context()
         self._socket = LoopSocket(
             open_socket(self._context, zmq.DEALER), self._on_frames
@@ -201,16 +203,12 @@ class EngineClient:
 
     def check_admission(self, request_id: str) -> None:
         """``AsyncOmni.check_admission`` against the engine's count."""
-        refuse_over_limit(
-            request_id,
-            self._board.get() + self._holds.count,
-            self.max_num_queued_reqs,
-        )
+        refuse_over_limit(request_id, self._board.get(), self.max_num_queued_reqs)
 
     def hold_admission(
         self, request_id: str
     ) -> contextlib.AbstractContextManager[None]:
-        """``AsyncOmni.hold_admission``: the places are held in this process."""
+        """``AsyncOmni.hold_admission``: the place is held on the board."""
         self.check_admission(request_id)
         return self._holds.hold()
 
