@@ -781,10 +781,24 @@ def redact_credentials(text: str) -> str:
 
     For log lines: ``vllm_omni.errors.logs`` passes every line through it.
     """
-    text = make_safe(text)
+    if text in _NO_CREDENTIALS:
+        return text
+    safe = make_safe(text)
     table = _table()
-    names = _active_rules(text, table, table.credentials)
-    return _substitute(table, names, text) if names else text
+    names = _active_rules(safe, table, table.credentials)
+    if names:
+        return _substitute(table, names, safe)
+    if safe is text and len(text) <= _NO_CREDENTIALS_CHARS:
+        if len(_NO_CREDENTIALS) >= _CLEAN_MAX:
+            _NO_CREDENTIALS.clear()
+        _NO_CREDENTIALS[text] = None
+    return safe
+
+
+# Short texts in which no credential rule can match: a log line's recurring
+# arguments (a method, a path, a status phrase) are looked up, not scanned.
+_NO_CREDENTIALS: dict[str, None] = {}
+_NO_CREDENTIALS_CHARS = 256
 
 
 def warm_rule_set() -> threading.Thread:
