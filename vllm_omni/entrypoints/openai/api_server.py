@@ -28,7 +28,6 @@ from typing import Any
 import uvicorn
 import vllm.envs as vllm_envs
 from fastapi import Depends, FastAPI
-from prometheus_fastapi_instrumentator import Instrumentator
 from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 
@@ -40,6 +39,7 @@ from vllm_omni.entrypoints.openai.auth import (
     require_api_key,
 )
 from vllm_omni.entrypoints.openai.limits import RequestLimits
+from vllm_omni.entrypoints.openai.metering import instrument
 from vllm_omni.entrypoints.openai.unicode import require_unicode
 from vllm_omni.errors.http import ERROR_RESPONSES, install_error_handling
 from vllm_omni.errors.sanitize import warm_rule_set
@@ -159,7 +159,7 @@ def build_app(args: argparse.Namespace) -> FastAPI:
             allow_methods=args.allowed_methods,
             allow_headers=args.allowed_headers,
         )
-    instrumentator = Instrumentator(excluded_handlers=_UNMETERED).instrument(app)
+    instrumentator = instrument(app, excluded=_UNMETERED)
     if (getattr(args, "api_server_count", None) or 1) > 1:
         # One of several API server processes: the sums over all of them.
         from vllm_omni.entrypoints.engine_rpc.metrics import metrics_endpoint
