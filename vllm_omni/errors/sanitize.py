@@ -389,8 +389,9 @@ _SKIPPED_PLUGINS = frozenset(
 # Triggers of each plugin's rule (see _TRIGGERS): a plugin not listed here
 # (a new one after an upgrade) is triggered by its own patterns, which is
 # exact but costs a scan of every message. Plugins whose secret is a long
-# run of token characters after a keyword share one trigger for the run: the
-# keywords (``key``, ``pass``, ``cl``) occur in most prose.
+# run of token characters after a keyword are triggered by the run and the
+# keyword together (``_All``): either alone is common (the keywords ``key``,
+# ``pass`` in prose; the run in every request id).
 _LONG_TOKEN = re.compile(r"[\w/+-]{24}")
 # The names before the secret in the keyword plugins' patterns (``pwd`` and
 # ``password`` hold ``pw`` and ``pass``), matched case-insensitively.
