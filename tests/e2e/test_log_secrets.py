@@ -98,9 +98,6 @@ class _RaisingEngine:
     async def check_health(self) -> None:
         return None
 
-    def check_admission(self, request_id: str) -> None:
-        return None
-
     def hold_admission(
         self, request_id: str
     ) -> contextlib.AbstractContextManager[None]:

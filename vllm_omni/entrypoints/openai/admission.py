@@ -1,11 +1,13 @@
 """Refusal at admission before a request's body is read (issue 46).
 
 A generation route (``@admitted``) asks the engine whether admission would
-refuse the request (``AsyncOmni.check_admission``) when the route is
+refuse the request (``AsyncOmni.hold_admission``) when the route is
 matched, after the API key and before a byte of the body is read, decoded
 or validated: an overloaded server answers upstream's ``QueueOverflowError``
 (503, ``Retry-After``) at once, through the same error boundary, record,
-metrics and log line as a refusal in ``generate``. The engine's own
+metrics and log line as a refusal in ``generate``. A request let through
+holds its place and yields once, so the requests read with it are refused
+before its own work starts. The engine's own
 admission in ``generate`` stays the authority: a request let through here
 may still be refused there, none is admitted past the limit. A dead engine
 is left to the route (its own 503 names the failure).
