@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -43,6 +42,8 @@ import tempfile
 import time
 
 import httpx
+
+from tests.ports import free_port
 
 REPEATS_ENV = "VLLM_OMNI_BENCH_REPEATS"
 # Issue 10: process start to /health 200 within 1.6x a bare `import vllm`.
@@ -140,15 +141,9 @@ def _import_seconds(module: str) -> float:
     return time.perf_counter() - start
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _serve_to_health_seconds() -> float:
     """``vllm-omni serve`` from exec to the first ``GET /health`` 200."""
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory(prefix="omni-bench-") as directory:
         argv = [
             sys.executable,

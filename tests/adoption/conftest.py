@@ -26,6 +26,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.ports import free_port
+
 HERE = Path(__file__).resolve().parent
 TREE_ENV = "VLLM_OMNI_ADOPTION_TREE"
 FLAVOUR_ENV = "VLLM_OMNI_ADOPTION_FLAVOUR"
@@ -111,14 +113,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
                 f"{text}\n\npristine.py expects this failure to match "
                 f"{pattern!r} ({reason}); it failed differently"
             )
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class OmniServer:

@@ -3,7 +3,6 @@ Prometheus text parsed with ``prometheus_client.parser``."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -15,11 +14,7 @@ import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.types import ASGIApp
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+from tests.ports import free_port
 
 
 @contextmanager

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from benchmarks import bench_real_engine as bench
+from tests.ports import free_port
 
 
 def _side(label: str, log: list[str], clock: list[float]) -> bench.Measure:
@@ -153,15 +154,12 @@ def _sse_app(status: int) -> Any:
 
 @contextlib.contextmanager
 def _serving(app: Any) -> Iterator[str]:
-    import socket
     import threading
     import time
 
     import uvicorn
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
     )

@@ -11,7 +11,6 @@ runs this on vLLM 0.30.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
+from tests.ports import free_port
 from vllm_omni.errors import GENERIC_SERVER_MESSAGE
 from vllm_omni.errors.http import install_error_handling
 from vllm_omni.errors.types import (
@@ -47,15 +47,9 @@ def _app() -> FastAPI:
     return app
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def client() -> Iterator[openai.OpenAI]:
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(_app(), host="127.0.0.1", port=port, log_level="warning")
     )
