@@ -206,6 +206,10 @@ def write_pipeline(
     return path
 
 
+# The variable that marks a server's processes (see ``_spawn``).
+SERVER_MARK = "VLLM_OMNI_TEST_SERVER"
+
+
 @dataclass
 class OmniServer:
     proc: subprocess.Popen[bytes]
@@ -304,11 +308,14 @@ def _spawn(
     env: dict[str, str] | None,
     api_key: str | None = None,
 ) -> OmniServer:
-    """Run ``argv`` with its output in ``directory/server-PORT.log``."""
+    """Run ``argv`` with its output in ``directory/server-PORT.log``; every
+    process it starts inherits ``SERVER_MARK`` set to that log's path, so a
+    test finds the server's processes wherever they are parented (a Ray
+    worker is the raylet's child)."""
     log_path = directory / f"server-{port}.log"
     proc = subprocess.Popen(
         argv,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, **(env or {}), SERVER_MARK: str(log_path)},
         stdout=log_path.open("wb"),
         stderr=subprocess.STDOUT,
     )

@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 import psutil
 
-from tests.e2e.omni_server import OmniServer
+from tests.e2e.omni_server import SERVER_MARK, OmniServer
 
 _DEADLINE_S = 60.0
 # How long the model runs before it is stopped, and how long the stopped
@@ -59,33 +59,82 @@ def warm_up(server: OmniServer) -> None:
     assert (stream.status, stream.error) == (200, None), stream.error
 
 
-# How long the server's process tree is searched for its EngineCore: once
-# (seen once in CI, on the Ray server) a walk of the tree did not find an
-# EngineCore that was running and answering.
+# How long the server's processes are searched for its EngineCore.
 _FIND_ENGINE_S = 10.0
 
 
 def engine_core_pid(server: OmniServer) -> int:
+    """The server's EngineCore: looked for under the server's process tree,
+    then (twice in CI, on the Ray server, a walk of the tree did not find an
+    EngineCore that was running and answering) among every process that
+    carries the server's mark in its environment (``SERVER_MARK``)."""
     deadline = time.monotonic() + _FIND_ENGINE_S
     while True:
         pid = _engine_core_under(server.proc.pid)
+        if pid is None:
+            pid = engine_core_marked(str(server.log_path))
         if pid is not None:
             return pid
         if time.monotonic() > deadline:
-            raise AssertionError("no EngineCore process under the server")
+            raise AssertionError(
+                "no EngineCore process under the server or with its mark; "
+                f"server {server.proc.pid}, engine processes: {_engine_cores()}"
+            )
         time.sleep(0.2)
+
+
+def _is_engine_core(process: psutil.Process) -> bool:
+    # The title is VLLM::EngineCore; the kernel's name keeps 15 characters
+    # of it (VLLM::EngineCor).
+    return "EngineCor" in process.name() or "EngineCore" in " ".join(process.cmdline())
 
 
 def _engine_core_under(pid: int) -> int | None:
     for child in psutil.Process(pid).children(recursive=True):
         try:
-            # The title is VLLM::EngineCore; the kernel's name keeps 15
-            # characters of it (VLLM::EngineCor).
-            if "EngineCore" in " ".join(child.cmdline()) or "EngineCor" in child.name():
+            if _is_engine_core(child):
                 return child.pid
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return None
+
+
+def engine_core_marked(mark: str) -> int | None:
+    """An EngineCore that carries ``mark``, or one of whose parents does: a
+    process that sets its title (``VLLM::EngineCore``, ``ray::…``) overwrites
+    the memory its environment is read from, the raylet does not."""
+    for process in psutil.process_iter():
+        try:
+            if _is_engine_core(process) and any(
+                _mark_of(p) == mark for p in (process, *process.parents())
+            ):
+                return process.pid
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return None
+
+
+def _engine_cores() -> list[str]:
+    """Every EngineCore on the machine with its chain of parents (pid, name,
+    the mark it carries), for the message of a lookup that failed."""
+    found = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if _is_engine_core(process):
+                found.append(
+                    " <- ".join(
+                        f"{p.pid}:{p.name()}:{_mark_of(p)}"
+                        for p in (process, *process.parents())
+                    )
+                )
+    return found
+
+
+def _mark_of(process: psutil.Process) -> str:
+    try:
+        return process.environ().get(SERVER_MARK, "-")
+    except psutil.Error:
+        return "?"
 
 
 class EnginePause:

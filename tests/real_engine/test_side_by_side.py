@@ -54,7 +54,7 @@ from tests.real_engine.engine_metrics import (
     metrics_text,
     success_by_reason,
 )
-from tests.real_engine.pause import engine_core_pid
+from tests.real_engine.pause import engine_core_marked, engine_core_pid
 from tests.real_engine.side_by_side import (
     CASES,
     CORRECTIONS,
@@ -283,6 +283,16 @@ def test_the_dashboard_and_rules_query_what_the_server_exports(
 ) -> None:
     exported = exported_series(metrics_text(servers[ours_on]))
     assert queried_series() <= exported, queried_series() - exported
+
+
+@pytest.mark.parametrize("ours_on", ["omni", "ray"])
+def test_the_engine_core_is_found_by_the_server_mark_too(
+    servers: dict[str, OmniServer], ours_on: str
+) -> None:
+    """The drills' second way to find a server's EngineCore (a Ray worker is
+    the raylet's child): the mark reaches it through Ray too."""
+    server = servers[ours_on]
+    assert engine_core_marked(str(server.log_path)) == engine_core_pid(server)
 
 
 def test_a_dead_ray_stage_keeps_its_counters_and_loses_its_gauges(
