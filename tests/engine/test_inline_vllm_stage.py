@@ -14,6 +14,7 @@ gauges once it is dead), and shutdown shuts the engine down.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pickle
 from collections.abc import AsyncIterator, Iterator
@@ -23,6 +24,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 import vllm.exceptions
+from prometheus_client import REGISTRY
 
 from tests.engine.engines import collect, drain, wait_for, write_pipeline
 from tests.engine.fake_async_llm import REPLY, FakeAsyncLLM
@@ -243,6 +245,40 @@ async def test_the_engines_metrics_carry_the_stage_label(
         if name == "vllm:request_render_duration_seconds_count"
     ]
     assert render and all(r.get("stage") == str(STAGE_ID) for r in render)
+
+
+async def test_another_engine_in_the_process_keeps_its_metrics_and_ours_serve(
+    engine: tuple[AsyncOmni, FakeAsyncLLM],
+) -> None:
+    """A caller's own ``AsyncLLM`` built in the same process after ours (a
+    notebook, the benchmark's baseline) registers the same ``vllm:``
+    families on the default registry. Seen in bench_real_engine: the
+    stage's late adoption took them, failed on the duplicate names at every
+    request's end, and the request's task ended in that error."""
+    omni, _ = engine
+    await collect(omni, "first", request_id="ip-before-other")
+    before = set(REGISTRY._collector_to_names)
+    other = FakeAsyncLLM({"served_model_name": "other"})
+    registered = set(REGISTRY._collector_to_names) - before
+    theirs = {"model_name": "other", "engine": "0"}
+    try:
+        other.success.inc()
+        for index in range(3):
+            outputs = await asyncio.wait_for(
+                collect(omni, "count me", request_id=f"ip-beside-other-{index}"), 5
+            )
+            assert "".join(o.text_delta or "" for o in outputs) == "".join(REPLY)
+        # Theirs stay on the default registry, unlabelled by any stage of
+        # ours; ours keep the stage label.
+        assert registered <= set(REGISTRY._collector_to_names)
+        assert value(local_text(), "vllm:request_success_total", **theirs) == 1
+        ours = {"model_name": MODEL, "engine": "0", "stage": str(STAGE_ID)}
+        assert value(local_text(), "vllm:request_success_total", **ours) >= 4
+    finally:
+        FakeAsyncLLM.built.remove(other)
+        for collector in registered:
+            with contextlib.suppress(KeyError):
+                REGISTRY.unregister(collector)
 
 
 @pytest.mark.parametrize("in_flight", [True, False], ids=["in-flight", "idle"])

@@ -120,6 +120,11 @@ class InlineStage:
         self._closed = False
 
     async def start(self) -> None:
+        if not self._stage.ENGINE_METRICS:
+            # Nothing of the default registry is its (a guardrail starting
+            # beside a vllm stage would take what that engine registers).
+            await self._stage.start()
+            return
         before = _engine_collectors()
         try:
             with _main_module_hidden():
@@ -130,19 +135,30 @@ class InlineStage:
             self._adopt(_engine_collectors() - before)
 
     def _adopt(self, collectors: set[Collector]) -> None:
-        """Move engine collectors from the default registry to this stage's."""
+        """Move engine collectors from the default registry to this stage's.
+
+        A collector whose families this stage already has belongs to another
+        engine in this process (a caller's own ``AsyncLLM``, built after
+        this stage started): it stays where it is, and the request that
+        looked is not failed for it."""
         for collector in collectors:
+            try:
+                self._metrics.register(collector)
+            except ValueError:  # prometheus_client's duplicate names
+                continue
             with contextlib.suppress(KeyError):
                 REGISTRY.unregister(collector)
-            self._metrics.register(collector)
             self.exports_metrics = True
         self._collectors_seen = len(REGISTRY._collector_to_names)
 
     def _adopt_late_metrics(self) -> None:
         """Engine families registered after the start (on a first use) are
         this stage's too; looked for only when the default registry grew, so
-        a request costs a length check."""
-        if len(REGISTRY._collector_to_names) != self._collectors_seen:
+        a request costs a length check. Only a stage with an engine looks."""
+        if (
+            self._stage.ENGINE_METRICS
+            and len(REGISTRY._collector_to_names) != self._collectors_seen
+        ):
             self._adopt(_engine_collectors())
 
     # -- requests that never wait (the request's own task) ---------------------

@@ -34,6 +34,10 @@ class Stage(abc.ABC):
     # through the registry (``vllm_omni.stages.stage_ranges``); None where
     # upstream checks them (a ``vllm`` stage's ``SamplingParams``).
     RANGES: ClassVar[Mapping[str, ParamRange] | None] = {}
+    # Whether it builds a vLLM engine, whose ``vllm:`` families a stage in
+    # the orchestrator's process takes from the default registry
+    # (``vllm_omni.engine.inline``); no other stage takes any.
+    ENGINE_METRICS: ClassVar[bool] = False
 
     def __init__(self, config: StageConfig, pipeline: PipelineConfig) -> None:
         self.config = config

@@ -230,6 +230,7 @@ class VLLMStage(Stage):
 
     kind: ClassVar[str] = "vllm"
     RANGES: ClassVar[Mapping[str, ParamRange] | None] = None
+    ENGINE_METRICS: ClassVar[bool] = True
 
     @classmethod
     def check_params(cls, params: Mapping[str, Any]) -> None:
