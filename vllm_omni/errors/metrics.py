@@ -54,6 +54,7 @@ __all__ = [
     "abort_context",
     "kept_in_files",
     "record_abort",
+    "record_abort_of",
     "record_error",
     "set_abort_context",
     "set_stage_status",
@@ -221,7 +222,12 @@ def set_abort_context(context: AbortContext) -> None:
 
 def record_abort(default: AbortReason) -> None:
     """Count one abort: with the transport's reason when it gave one."""
-    context = _ABORT_CONTEXT.get()
+    record_abort_of(_ABORT_CONTEXT.get(), default)
+
+
+def record_abort_of(context: AbortContext | None, default: AbortReason) -> None:
+    """``record_abort`` for the request whose abort context is ``context``
+    (``None``: a request no transport follows)."""
     if context is None:
         ABORTS_TOTAL.labels(default).inc()
         return

@@ -28,7 +28,12 @@ from vllm_omni.entrypoints.engine_rpc.protocol import (
     open_socket,
 )
 from vllm_omni.errors import OmniServiceUnavailableError, for_caller
-from vllm_omni.errors.metrics import AbortContext, AbortReason, set_abort_context
+from vllm_omni.errors.metrics import (
+    AbortContext,
+    AbortReason,
+    record_abort_of,
+    set_abort_context,
+)
 
 if TYPE_CHECKING:
     from vllm_omni.entrypoints.async_omni import AsyncOmni
@@ -46,11 +51,14 @@ _MODALITIES = ("text", "audio", "image", "video")
 class _Stream:
     """One API server request's ``generate``, running here."""
 
-    __slots__ = ("context", "task")
+    __slots__ = ("context", "started", "task")
 
     def __init__(self) -> None:
         self.context = AbortContext()
         self.task: asyncio.Task[None] | None = None
+        # Whether its task ran: the engine's generate counts an abort from
+        # then on.
+        self.started = False
 
 
 class EngineServer:
@@ -162,6 +170,7 @@ class EngineServer:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> None:
+        stream.started = True
         set_abort_context(stream.context)
         try:
             outputs = self.engine.generate(*args, **kwargs)
@@ -182,6 +191,14 @@ class EngineServer:
         if stream is None or stream.task is None:
             return
         stream.context.reason = reason
+        if not stream.started:
+            # Closed before its task ran (the generate and the close came in
+            # one read, the client gone as the route sent it): the engine
+            # never sees the request and the API server left the count to
+            # it, so it is counted here, once; its task's own cleanup never
+            # runs either.
+            record_abort_of(stream.context, "cancelled")
+            del self._streams[(client, key)]
         stream.task.cancel()
 
     async def _call(
