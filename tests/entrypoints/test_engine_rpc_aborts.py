@@ -12,8 +12,10 @@ the request, and nobody counted it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
+
+import pytest
 
 from vllm_omni.entrypoints.engine_rpc.server import EngineServer
 from vllm_omni.errors.metrics import ABORTS_TOTAL, record_abort
@@ -48,31 +50,35 @@ async def _settled(server: EngineServer) -> None:
     assert not server._streams
 
 
-async def test_a_request_closed_before_its_task_ran_counts_once() -> None:
+@pytest.fixture
+def served() -> Iterator[tuple[EngineServer, _HangingEngine]]:
     engine = _HangingEngine()
     server = EngineServer(engine, None, "inproc://unused")  # type: ignore[arg-type]
-    try:
-        before = _disconnects()
-        server._generate(CLIENT, 1, ("cut at once",), {})
-        server._close(CLIENT, 1, "client_disconnect")
-        await _settled(server)
-        assert engine.seen == []
-        assert _disconnects() - before == 1
-    finally:
-        server._socket.socket.close(linger=0)
+    yield server, engine
+    server._socket.socket.close(linger=0)
 
 
-async def test_a_request_closed_in_the_engine_counts_once() -> None:
-    engine = _HangingEngine()
-    server = EngineServer(engine, None, "inproc://unused")  # type: ignore[arg-type]
-    try:
-        before = _disconnects()
-        server._generate(CLIENT, 2, ("cut later",), {})
-        for _ in range(3):
-            await asyncio.sleep(0)
-        assert engine.seen == ["cut later"]
-        server._close(CLIENT, 2, "client_disconnect")
-        await _settled(server)
-        assert _disconnects() - before == 1
-    finally:
-        server._socket.socket.close(linger=0)
+async def test_a_request_closed_before_its_task_ran_counts_once(
+    served: tuple[EngineServer, _HangingEngine],
+) -> None:
+    server, engine = served
+    before = _disconnects()
+    server._generate(CLIENT, 1, ("cut at once",), {})
+    server._close(CLIENT, 1, "client_disconnect")
+    await _settled(server)
+    assert engine.seen == []
+    assert _disconnects() - before == 1
+
+
+async def test_a_request_closed_in_the_engine_counts_once(
+    served: tuple[EngineServer, _HangingEngine],
+) -> None:
+    server, engine = served
+    before = _disconnects()
+    server._generate(CLIENT, 2, ("cut later",), {})
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert engine.seen == ["cut later"]
+    server._close(CLIENT, 2, "client_disconnect")
+    await _settled(server)
+    assert _disconnects() - before == 1
