@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import runpy
 import subprocess
 import sys
 import time
@@ -26,7 +27,11 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.ports import free_port
+# tests/ports.py, read by its path: here ``tests`` is vllm-omni's own test
+# package (the trees under test come first on the path), not this project's.
+free_port = runpy.run_path(str(Path(__file__).resolve().parents[1] / "ports.py"))[
+    "free_port"
+]
 
 HERE = Path(__file__).resolve().parent
 TREE_ENV = "VLLM_OMNI_ADOPTION_TREE"
