@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import sys
 import types
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry
@@ -27,6 +28,7 @@ from vllm_omni.engine.stage_metrics import (
     without_gauges,
 )
 from vllm_omni.engine.stage_worker import (
+    Cancellable,
     StageStats,
     abort_request,
     apply_instruction,
@@ -40,12 +42,62 @@ from vllm_omni.tracing.hooks import StageSpan, stage_span
 from vllm_omni.wire import hops
 from vllm_omni.wire import messages as m
 
-__all__ = ["Failure", "InlineStage", "runs_inline"]
+__all__ = ["Ended", "Failure", "InlineStage", "runs_inline"]
 
 logger = logging.getLogger(__name__)
 
 # A request's failure in an inline stage: its record, and what was raised.
 Failure = tuple[OmniErrorDetails, BaseException]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ended:
+    """A request's last item from ``InlineStage.drive``: ``None`` once it
+    finished, or its failure."""
+
+    failure: Failure | None
+
+
+class _Driven:
+    """A request's work running in its caller's task (``InlineStage.drive``):
+    what an abort cancels (``abort_request``, ``cancel_all``)."""
+
+    __slots__ = ("_cancelled", "_task", "cut", "waiting")
+
+    def __init__(self, task: asyncio.Task[Any] | None) -> None:
+        self._task = task
+        # Aborted: no further step starts.
+        self.cut = False
+        # The caller's task waits on the stage now: cancelling it reaches
+        # the stage's work and nothing else of the caller's.
+        self.waiting = False
+        self._cancelled = False
+
+    def done(self) -> bool:
+        return self.cut
+
+    def cancel(self) -> bool:
+        """End the work: its current wait is cancelled, no step follows."""
+        self.cut = True
+        task = self._task
+        if self.waiting and task is not None and not self._cancelled:
+            try:
+                current = asyncio.current_task()
+            except RuntimeError:  # outside a running loop (a finalizer at exit)
+                current = None
+            if task is not current:
+                self._cancelled = task.cancel()
+        return True
+
+    def take_cancel(self) -> bool:
+        """Whether the caller's task was cancelled by ``cancel`` and nothing
+        else: the cancellation is taken back (``uncancel``), so the caller's
+        task goes on; ``False`` when ``cancel`` did not cancel it, or when
+        another cancellation is pending too (it must go on)."""
+        if not self._cancelled or self._task is None:
+            return False
+        self._cancelled = False
+        return self._task.uncancel() == 0
 
 
 def runs_inline(stage: StageConfig, pipeline: PipelineConfig, local: bool) -> bool:
@@ -105,11 +157,10 @@ class InlineStage:
     ) -> None:
         self.config = config
         self._stage = build_stage(config, pipeline)
-        # Its ``generate`` awaits: each request runs in a task of its own.
-        self.waits = config.kind not in INLINE_KINDS
         self._stats = StageStats()
         self._active: set[str] = set()
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        # Each request's running work, by request id (``drive``).
+        self._tasks: dict[str, _Driven] = {}
         self._log = stage_logger(config.id, log_level, log_tracebacks)
         # The engine metrics this stage's engine registered (``start``).
         self._metrics = CollectorRegistry(auto_describe=True)
@@ -161,44 +212,76 @@ class InlineStage:
         ):
             self._adopt(_engine_collectors())
 
-    # -- requests that never wait (the request's own task) ---------------------
+    # -- requests (in the task of whoever reads the request's outputs) ---------
 
-    async def run(self, request: m.Submit) -> tuple[list[m.Payload], Failure | None]:
-        """Run one request: its payloads, or the failure's record and the
-        exception (for the orchestrator's log of a fatal one)."""
-        payloads: list[m.Payload] = []
-        failure = await self.stream(request, payloads.append)
-        return ([], failure) if failure is not None else (payloads, None)
+    def drive(self, request: m.Submit) -> AsyncGenerator[m.Payload | Ended, None]:
+        """Run one request in the caller's task: its payloads as they come,
+        then ``Ended`` with its failure or ``None``.
 
-    # -- requests that wait (a task of their own) ------------------------------
+        The stage's work runs while the caller waits for the next item, as
+        upstream's ``AsyncLLM.generate`` runs in its caller's task: no task
+        of its own, no hand-over between two. An abort (``abort``, a
+        deadline, the engine's death) ends it: while the caller waits on the
+        stage, by cancelling the caller's task for that wait only (the
+        cancellation is taken back, the caller's task goes on); at any other
+        time the next step does not start. Then the generator ends without
+        ``Ended``: whoever aborted queued the request's end."""
+        return self._drive(request, asyncio.current_task())
 
-    def spawn(
-        self,
-        request: m.Submit,
-        emit: Callable[[m.Payload], None],
-        done: Callable[[Failure | None], None],
-    ) -> asyncio.Task[None]:
-        """Run one request in a task of its own: each payload goes to
-        ``emit`` as it comes, then ``done`` gets the failure or ``None``.
-        An abort (``abort``) cancels the task: neither is called then."""
+    async def _drive(
+        self, request: m.Submit, task: asyncio.Task[Any] | None
+    ) -> AsyncGenerator[m.Payload | Ended, None]:
+        request_id = request.request_id
+        driven = _Driven(task)
+        self._tasks[request_id] = driven
+        steps = self._steps(request)
+        # Until the work ended, or an abort ended it: the reader went away
+        # mid-work (a cancellation that is not this stage's, the generator
+        # closed), and the orchestrator's abort of the request follows.
+        interrupted = True
+        try:
+            while not driven.cut:
+                driven.waiting = True
+                try:
+                    item = await anext(steps)
+                except StopAsyncIteration:
+                    break
+                except asyncio.CancelledError:
+                    if driven.take_cancel():
+                        break  # this stage's abort: the caller's task goes on
+                    raise
+                finally:
+                    driven.waiting = False
+                if driven.take_cancel():
+                    continue  # the stage swallowed the abort's cancellation
+                if isinstance(item, Ended):
+                    interrupted = False
+                    yield item
+                    return
+                yield item
+            interrupted = False
+        finally:
+            await steps.aclose()
+            if interrupted and not driven.cut:
+                # Its running work was cancelled: the abort that follows
+                # finds it so (``abort_request``), then it is forgotten.
+                try:
+                    asyncio.get_running_loop().call_soon(
+                        self._forget, request_id, driven
+                    )
+                except RuntimeError:  # outside a running loop
+                    self._forget(request_id, driven)
+            else:
+                self._forget(request_id, driven)
 
-        async def serve() -> None:
-            done(await self.stream(request, emit))
-
-        task = asyncio.get_running_loop().create_task(serve(), name=request.request_id)
-        self._tasks[request.request_id] = task
-        task.add_done_callback(lambda t: self._forget(request.request_id, t))
-        return task
-
-    def _forget(self, request_id: str, task: asyncio.Task[Any] | None) -> None:
-        if self._tasks.get(request_id) is task:
+    def _forget(self, request_id: str, work: Cancellable) -> None:
+        if self._tasks.get(request_id) is work:
             del self._tasks[request_id]
 
-    async def stream(
-        self, request: m.Submit, emit: Callable[[m.Payload], None]
-    ) -> Failure | None:
-        """Run one request, each payload to ``emit``: ``None`` once it
-        finished, or its failure."""
+    async def _steps(
+        self, request: m.Submit
+    ) -> AsyncGenerator[m.Payload | Ended, None]:
+        """The stage's payloads for one request, then ``Ended``."""
         stage = self.config
         stage_id = stage.id
         request_id = request.request_id
@@ -215,31 +298,34 @@ class InlineStage:
         # The stage's engine continues this stage's span (a vllm stage).
         request.trace = span.headers(request.trace)
         try:
-            async for payload in self._stage.generate(request):
-                hops.mark(request_id, "stage.payload", stage_id)
-                emit(payload)
+            # aclosing: the reader going away closes the stage's work now.
+            async with contextlib.aclosing(self._stage.generate(request)) as payloads:
+                async for payload in payloads:
+                    hops.mark(request_id, "stage.payload", stage_id)
+                    yield payload
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 span.abort()
                 raise  # an abort, a deadline, the consumer gone: no record
-            return self._fail(request_id, exc, span)
-        except (KeyboardInterrupt, SystemExit):
-            span.abort()
+            yield Ended(self._fail(request_id, exc, span))
+            return
+        except (KeyboardInterrupt, SystemExit, GeneratorExit):
+            span.abort()  # GeneratorExit: the reader closed it (an abort)
             raise
         except BaseException as exc:  # every other failure becomes a record
-            return self._fail(request_id, exc, span)
+            yield Ended(self._fail(request_id, exc, span))
+            return
         finally:
             # No longer active before the orchestrator hears of the end
             # (whoever reads it may ask for ``stats`` next), as a stage
             # process's ``_ended``.
             self._active.discard(request_id)
-            self._forget(request_id, asyncio.current_task())
             self._adopt_late_metrics()
         self._stats.completed += 1
         span.finish()
         hops.mark(request_id, "stage.finished", stage_id)
-        return None
+        yield Ended(None)
 
     def _fail(self, request_id: str, exc: BaseException, span: StageSpan) -> Failure:
         hops.mark(request_id, "stage.failing", self.config.id)
@@ -257,14 +343,9 @@ class InlineStage:
     def cancel_all(self) -> None:
         """Cancel every request's running work (the engine died): as a dead
         stage process's work stops. Not an abort: nothing is logged."""
-        try:
-            current = asyncio.current_task()
-        except RuntimeError:  # outside a running loop (a finalizer at exit)
-            current = None
-        for task in list(self._tasks.values()):
-            if task is not current:
-                with contextlib.suppress(RuntimeError):  # its loop closed already
-                    task.cancel()
+        for work in list(self._tasks.values()):
+            with contextlib.suppress(RuntimeError):  # its loop closed already
+                work.cancel()
 
     # -- liveness, metrics, shutdown -------------------------------------------
 

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 from collections.abc import AsyncGenerator, Iterable, Mapping
 from typing import Any
 
 from vllm_omni.config import PipelineConfig, StageConfig
-from vllm_omni.engine.inline import Failure, InlineStage
+from vllm_omni.engine.inline import Ended, Failure
 from vllm_omni.engine.input_processor import check_inputs, for_stage
 from vllm_omni.engine.merging import TEXT_KINDS, accumulate, fold_choice, fold_stage
 from vllm_omni.engine.request_table import (
@@ -261,41 +260,48 @@ class Orchestrator:
             )
             self._submit(request, stage, submit)
             inline = self.supervisor.handles[stage.id].inline
-            if inline is not None:
-                if inline.waits:
-                    self._spawn_inline(request, stage, inline, submit)
-                else:
-                    await self._run_inline(request, stage, inline, submit)
+            # A stage in this process runs in this task, a step whenever
+            # nothing else is queued for the request (``InlineStage.drive``).
+            work = None if inline is None else inline.drive(submit)
             result = m.Payload()
-            while True:
-                item = await request.queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                if isinstance(item, Aborted):
-                    final.finished = True
-                    final.finish_reason = "abort"
-                    final.stage_id = stage.id
-                    yield final
-                    return
-                payload = item.payload
-                accumulate(result, payload)
-                if payload.meta:
-                    final.meta.setdefault(stage.name, {}).update(payload.meta)
-                if "text" in wanted and stage.kind in TEXT_KINDS:
-                    choice = fold_choice(final, payload)
-                    if payload.text or payload.finish_reason or payload.logprobs:
-                        hops.mark(request.wire_id, "orchestrator.yield", stage.id)
-                        yield OmniRequestOutput(
-                            request_id=request.request_id,
-                            text=choice.text,
-                            text_delta=payload.text,
-                            index=payload.index,
-                            logprobs=payload.logprobs,
-                            finish_reason=payload.finish_reason,
-                            stage_id=stage.id,
-                        )
-                if item.finished:
-                    break
+            try:
+                while True:
+                    if work is not None and request.queue.empty():
+                        if not await self._step(request, stage, work):
+                            await work.aclose()
+                            work = None
+                        continue
+                    item = await request.queue.get()
+                    if isinstance(item, BaseException):
+                        raise item
+                    if isinstance(item, Aborted):
+                        final.finished = True
+                        final.finish_reason = "abort"
+                        final.stage_id = stage.id
+                        yield final
+                        return
+                    payload = item.payload
+                    accumulate(result, payload)
+                    if payload.meta:
+                        final.meta.setdefault(stage.name, {}).update(payload.meta)
+                    if "text" in wanted and stage.kind in TEXT_KINDS:
+                        choice = fold_choice(final, payload)
+                        if payload.text or payload.finish_reason or payload.logprobs:
+                            hops.mark(request.wire_id, "orchestrator.yield", stage.id)
+                            yield OmniRequestOutput(
+                                request_id=request.request_id,
+                                text=choice.text,
+                                text_delta=payload.text,
+                                index=payload.index,
+                                logprobs=payload.logprobs,
+                                finish_reason=payload.finish_reason,
+                                stage_id=stage.id,
+                            )
+                    if item.finished:
+                        break
+            finally:
+                if work is not None:
+                    await work.aclose()
             self.requests.cancel_timer(request)
             self.requests.release(request)
             fold_stage(final, stage, result)
@@ -335,35 +341,23 @@ class Orchestrator:
         )
         self.requests.abort_everywhere(request, None)
 
-    async def _run_inline(
+    async def _step(
         self,
         request: Request,
         stage: StageConfig,
-        inline: InlineStage,
-        submit: m.Submit,
-    ) -> None:
-        """Run the request through a stage in this process; what comes out
-        is queued for ``_run`` as a stage process's messages would be."""
-        payloads, failure = await inline.run(submit)
-        for payload in payloads:
-            self._emit(request, stage, payload)
-        self._inline_done(request, stage, failure)
-
-    def _spawn_inline(
-        self,
-        request: Request,
-        stage: StageConfig,
-        inline: InlineStage,
-        submit: m.Submit,
-    ) -> None:
-        """Run the request through a stage in this process that waits, in a
-        task of its own (aborts cancel it): each chunk is queued for ``_run``
-        as it comes, as a stage process's messages would be."""
-        inline.spawn(
-            submit,
-            functools.partial(self._emit, request, stage),
-            functools.partial(self._inline_done, request, stage),
-        )
+        work: AsyncGenerator[m.Payload | Ended, None],
+    ) -> bool:
+        """One step of a stage in this process: what it gives is queued for
+        ``_run`` as a stage process's message would be; ``False`` once it
+        ended (finished, failed, or aborted: then the abort queued the end)."""
+        item = await anext(work, None)
+        if item is None:
+            return False
+        if isinstance(item, Ended):
+            self._inline_done(request, stage, item.failure)
+            return False
+        self._emit(request, stage, item)
+        return True
 
     @staticmethod
     def _emit(request: Request, stage: StageConfig, payload: m.Payload) -> None:

@@ -21,7 +21,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import zmq
 
@@ -49,6 +49,7 @@ from vllm_omni.wire import messages as m
 
 __all__ = [
     "LOG_FORMAT",
+    "Cancellable",
     "StageStats",
     "WorkerSpec",
     "abort_request",
@@ -135,9 +136,18 @@ class StageStats:
         }
 
 
+class Cancellable(Protocol):
+    """A request's running work: a task, or what stands for one
+    (``engine.inline``'s request driven in its caller's task)."""
+
+    def done(self) -> bool: ...
+
+    def cancel(self) -> bool: ...
+
+
 def abort_request(
     stats: StageStats,
-    tasks: Mapping[str, asyncio.Task[Any]],
+    tasks: Mapping[str, Cancellable],
     stage_id: int,
     request_id: str,
     log: logging.Logger = logger,
@@ -148,7 +158,7 @@ def abort_request(
     task = tasks.get(request_id)
     running = task is not None and not task.done()
     if running:
-        task.cancel()  # type: ignore[union-attr]
+        task.cancel()
         stats.cancelled.append(request_id)
     log.info(
         "stage %d: request %s aborted%s",

@@ -91,6 +91,8 @@ def _without_value(exc: BaseException, text: str) -> str:
     if value is None or isinstance(value, bool):
         return text
     shown = {str(value), repr(value)} - {""}
+    if not any(v in text for v in shown):
+        return text  # not in the message: nothing to cut
     pattern = "|".join(re.escape(v) for v in sorted(shown, key=len, reverse=True))
     return re.sub(rf"(?<![\w.-])(?:{pattern})(?![\w])", "the rejected value", text)
 
