@@ -86,6 +86,38 @@ def test_the_entry_wins_over_the_top_level_field(
     assert reply.choices[0].message.content == "You said:"
 
 
+@pytest.mark.parametrize(
+    ("route", "top_level"),
+    [
+        ("chat", {"max_tokens": 0}),
+        ("chat", {"max_completion_tokens": -1}),
+        ("completions", {"max_tokens": 0}),
+        ("chat", {"temperature": 9.0}),
+    ],
+    ids=["chat-max_tokens", "chat-max_completion_tokens", "completions", "temperature"],
+)
+def test_a_top_level_value_the_entry_replaces_is_still_checked(
+    client: openai.OpenAI, route: str, top_level: dict[str, Any]
+) -> None:
+    """Found by the OpenAPI fuzz: ``max_tokens: 0`` beside an entry that sets
+    the thinker's ``max_tokens`` was a 200. The request's own value is the
+    same 400 as without the list, naming the request's field: never ignored."""
+    entries = [{}, _thinker(max_tokens=5)]
+    with pytest.raises(openai.BadRequestError) as info:
+        if route == "chat":
+            _chat(client, entries, **top_level)
+        else:
+            client.completions.create(
+                model=MODEL,
+                prompt=PROMPT,
+                extra_body={"sampling_params_list": entries},
+                **top_level,
+            )
+    body = info.value.body
+    assert body["param"] == next(iter(top_level))  # type: ignore[index]
+    assert body["code"] == 400  # type: ignore[index]
+
+
 def test_a_top_level_field_the_entry_does_not_set_still_applies(
     client: openai.OpenAI,
 ) -> None:

@@ -17,6 +17,7 @@ real one is in ``tests/real_engine``):
   ``VLLMValidationError`` with its parameter, ``@die`` kills the engine
   (``EngineDeadError`` here and in every request it holds), ``@dropped``
   streams one delta then ends with finish reason ``"abort"`` and no error
+  (``@stall``: one delta, then waits as ``@hang`` does)
   (what vLLM 0.34's fault tolerance does to the requests of an engine that
   faults), ``@faulted`` refuses at admission with vLLM 0.34's
   ``EngineFaultedError`` (where the installed vLLM defines it);
@@ -63,6 +64,8 @@ class FakeAsyncLLM(AsyncLLMFake):
         # vLLM 0.34 registers its render histogram on the first render.
         self.render_duration: Any = None
         self._dead = asyncio.Event()
+        # The task each request's stream ran in, by request id.
+        self.tasks: dict[str, asyncio.Task[Any] | None] = {}
         FakeAsyncLLM.built.append(self)
 
     @property
@@ -80,6 +83,7 @@ class FakeAsyncLLM(AsyncLLMFake):
     async def stream(
         self, prompt: str, request_id: str
     ) -> AsyncIterator[RequestOutput]:
+        self.tasks[request_id] = asyncio.current_task()
         if self.errored:
             raise EngineDeadError()
         if self.render_duration is None:
@@ -105,6 +109,9 @@ class FakeAsyncLLM(AsyncLLMFake):
             dropped = "@dropped" in prompt
             for index, text in enumerate(REPLY[:2] if dropped else REPLY):
                 await asyncio.sleep(0)
+                if index == 1 and "@stall" in prompt:
+                    await self._dead.wait()
+                    raise EngineDeadError()
                 last = index == (1 if dropped else len(REPLY) - 1)
                 reason = ("abort" if dropped else "length") if last else None
                 yield RequestOutput(

@@ -106,6 +106,15 @@ async def _hanging(
     return task
 
 
+async def _in_engine(fake: FakeAsyncLLM, request_id: str) -> None:
+    """Wait until the engine's stream of ``request_id`` started."""
+
+    async def started() -> bool:
+        return request_id in fake.tasks
+
+    await wait_for(started)
+
+
 async def _closed_in_engine(fake: FakeAsyncLLM, request_id: str) -> None:
     """Wait until the engine's stream of ``request_id`` was closed (an abort)."""
 
@@ -352,3 +361,84 @@ def test_in_process_is_checked(
     with pytest.raises(VLLMValidationError, match=message) as info:
         load_pipeline(str(path))
     assert info.value.parameter == f"stages[{STAGE_ID}].in_process"  # type: ignore[attr-defined]
+
+
+async def test_the_stage_runs_in_the_task_that_reads_the_request(
+    engine: tuple[AsyncOmni, FakeAsyncLLM],
+) -> None:
+    """As upstream's ``AsyncLLM.generate`` runs in its caller's task: no task
+    of its own, no hand-over between two (issue 47)."""
+    omni, fake = engine
+
+    async def read() -> asyncio.Task[Any] | None:
+        await collect(omni, "hello", request_id="ip-task")
+        return asyncio.current_task()
+
+    reader = await asyncio.ensure_future(read())
+    assert fake.tasks["ip-task"] is reader
+
+
+async def test_an_abort_while_the_reader_waits_leaves_its_task_going_on(
+    engine: tuple[AsyncOmni, FakeAsyncLLM],
+) -> None:
+    """The abort cancels the reader's wait on the stage, then takes the
+    cancellation back: the reader reads the abort's end and goes on."""
+    omni, fake = engine
+
+    async def read() -> tuple[str | None, int, str]:
+        final = await drain(
+            omni.generate("x @hang", request_id="ip-wait", modalities=["text"])
+        )
+        await asyncio.sleep(0.01)  # not cancelled: the abort was the stage's
+        task = asyncio.current_task()
+        assert task is not None
+        return final.finish_reason, task.cancelling(), "went on"
+
+    reader = asyncio.ensure_future(read())
+    await _in_engine(fake, "ip-wait")
+    await omni.abort("ip-wait")
+    assert await reader == ("abort", 0, "went on")
+    await _closed_in_engine(fake, "ip-wait")
+    stats = (await omni.stage_stats())[STAGE_ID]
+    assert "ip-wait" in stats["cancelled"] and "ip-wait" not in stats["active"]
+
+
+async def test_an_abort_while_the_reader_is_elsewhere_does_not_touch_it(
+    engine: tuple[AsyncOmni, FakeAsyncLLM],
+) -> None:
+    """Between two outputs the reader's task is its own (a client's slow
+    socket): an abort then cancels nothing of it; the stage's work is closed
+    and the reader's next read is the abort's end."""
+    omni, fake = engine
+    elsewhere = asyncio.Event()
+    stream = omni.generate("x @stall", request_id="ip-away", modalities=["text"])
+
+    async def read() -> tuple[str | None, str | None]:
+        first = await anext(stream)
+        await elsewhere.wait()  # the reader busy with its own work
+        rest = [output async for output in stream]
+        return first.text_delta, rest[-1].finish_reason
+
+    reader = asyncio.ensure_future(read())
+    await _in_engine(fake, "ip-away")
+    await omni.abort("ip-away")
+    await asyncio.sleep(0.05)
+    assert not reader.done()  # its own wait was not cancelled
+    elsewhere.set()
+    assert await reader == (REPLY[0], "abort")
+    await _closed_in_engine(fake, "ip-away")
+    assert "ip-away" in (await omni.stage_stats())[STAGE_ID]["cancelled"]
+
+
+async def test_the_readers_own_cancellation_outlives_an_abort_at_once(
+    engine: tuple[AsyncOmni, FakeAsyncLLM],
+) -> None:
+    """A reader cancelled by its own caller while an abort cancels its wait
+    too: only the abort's cancellation is taken back."""
+    omni, fake = engine
+    task = await _hanging(omni, fake, "ip-both")
+    task.cancel()
+    await omni.abort("ip-both")
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await _closed_in_engine(fake, "ip-both")

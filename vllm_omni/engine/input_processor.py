@@ -10,7 +10,7 @@ from typing import Any
 from vllm_omni.config import StageConfig
 from vllm_omni.errors import VLLMValidationError
 from vllm_omni.errors.text import is_unicode
-from vllm_omni.stages import stage_params
+from vllm_omni.stages import check_stage_params, stage_params
 
 __all__ = ["check_inputs", "for_stage"]
 
@@ -58,6 +58,34 @@ def check_inputs(
             f"through ({', '.join(f'{s.id} ({s.name})' for s in route)})",
             parameter=str(unread),
         )
+    for stage in route:
+        entry = per_stage.get(stage.id)
+        if entry:
+            _check_superseded(stage, params, entry)
+
+
+def _check_superseded(
+    stage: StageConfig, params: Mapping[str, Any], entry: Mapping[str, Any]
+) -> None:
+    """The request's own values that ``entry`` supersedes for ``stage`` are
+    still checked as that stage checks them: a value out of its range is the
+    client's 400 whether or not an entry replaces it (never silently
+    ignored)."""
+    whole = "sampling_params" in entry  # replaces every key but ``lora``
+    replaced = _superseded(entry)
+    read = stage_params(stage.kind)
+    own = {
+        key: value
+        for key, value in params.items()
+        if key in read and (key != "lora" if whole else key in replaced)
+    }
+    if own:
+        check_stage_params(stage.kind, own)
+
+
+def _superseded(entry: Mapping[str, Any]) -> set[str]:
+    """The request keys an entry's keys replace (``_SAME_SETTING``)."""
+    return set(entry).union(*(_SAME_SETTING.get(key, ()) for key in entry))
 
 
 def _bad_param(value: object, path: str, depth: int = 0) -> str | None:
@@ -105,6 +133,6 @@ def for_stage(
         return params
     if "sampling_params" in entry:
         params = {key: value for key, value in params.items() if key == "lora"}
-    superseded = set(entry).union(*(_SAME_SETTING.get(key, ()) for key in entry))
+    superseded = _superseded(entry)
     kept = {key: value for key, value in params.items() if key not in superseded}
     return {**kept, **entry}
