@@ -324,6 +324,24 @@ class InProcessStage:
                 return elapsed
         raise RuntimeError("no text")
 
+    async def rejected(self, request_id: str) -> float:
+        from vllm.exceptions import VLLMValidationError
+
+        from vllm_omni.wire.messages import Submit
+
+        start = time.perf_counter()
+        submit = Submit(
+            request_id=request_id,
+            prompt=LONG_PROMPT,
+            params={"max_tokens": TTFT_TOKENS},
+        )
+        try:
+            async for _ in self.stage.generate(submit):
+                pass
+        except VLLMValidationError:
+            return time.perf_counter() - start
+        raise RuntimeError("no error")
+
 
 Measure = Callable[[str], Awaitable[float]]
 
@@ -630,12 +648,19 @@ async def breakdown(
             elapsed = await sides[name](f"b-ttft-{name[:2]}-{index}")
             if index >= rounds.warmup:
                 ttft[name].append(elapsed)
-    rejected_direct = [
-        await direct.rejected(f"b-rej-di-{i}") for i in range(rounds.rejected)
-    ]
-    rejected_ours = [
-        await ours.rejected(f"b-rej-ou-{i}") for i in range(rounds.rejected)
-    ]
+    rejecting: dict[str, Measure] = {
+        "direct": direct.rejected,
+        "stage in process": inproc.rejected,
+        "ours": ours.rejected,
+    }
+    rejected: dict[str, list[float]] = {name: [] for name in rejecting}
+    for index in range(rounds.warmup + rounds.rejected):
+        names = list(rejecting)
+        names = names[index % 3 :] + names[: index % 3]
+        for name in names:
+            elapsed = await rejecting[name](f"b-rej-{name[:2]}-{index}")
+            if index >= rounds.warmup:
+                rejected[name].append(elapsed)
     streams_direct = [
         await direct.stream(f"b-itl-di-{i}", STREAM_TOKENS)
         for i in range(rounds.stream)
@@ -691,8 +716,12 @@ async def breakdown(
             _ms(med(ttft["stage in process"]) * 1e3),
         ),
         (f"TTFT, AsyncOmni ({placement})", _ms(med(ttft["ours"]) * 1e3)),
-        ("rejected request, upstream direct", _ms(med(rejected_direct) * 1e3)),
-        ("rejected request, AsyncOmni", _ms(med(rejected_ours) * 1e3)),
+        ("rejected request, upstream direct", _ms(med(rejected["direct"]) * 1e3)),
+        (
+            "rejected request, our vllm stage's code on that engine",
+            _ms(med(rejected["stage in process"]) * 1e3),
+        ),
+        ("rejected request, AsyncOmni", _ms(med(rejected["ours"]) * 1e3)),
         (
             f"inter-token latency ({STREAM_TOKENS} tokens), upstream direct",
             _ms(med(s.inter_token for s in streams_direct) * 1e3),
