@@ -625,6 +625,23 @@ def _codec_us() -> list[tuple[str, str]]:
     return rows
 
 
+async def _in_rotation(
+    sides: dict[str, Measure], prefix: str, warmup: int, count: int
+) -> dict[str, list[float]]:
+    """Each side's times for ``count`` rounds after ``warmup``: every round
+    one request a side, the side that goes first rotating; request ids
+    ``PREFIX-XX-I`` (``XX``: the side's first two letters)."""
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    names = list(sides)
+    for index in range(warmup + count):
+        turn = index % len(names)
+        for name in names[turn:] + names[:turn]:
+            elapsed = await sides[name](f"{prefix}-{name[:2]}-{index}")
+            if index >= warmup:
+                times[name].append(elapsed)
+    return times
+
+
 async def breakdown(
     direct: Direct, ours: Ours, inproc: InProcessStage, rounds: Rounds
 ) -> str:
@@ -635,32 +652,26 @@ async def breakdown(
     if not hops.enabled():
         raise RuntimeError(f"--breakdown needs {hops.ENV}=1 before vllm_omni loads")
     route = [(stage.id, stage.name) for stage in ours.engine.config.stages]
-    sides: dict[str, Measure] = {
-        "direct": direct.first_token,
-        "stage in process": inproc.first_token,
-        "ours": ours.first_token,
-    }
-    ttft: dict[str, list[float]] = {name: [] for name in sides}
-    for index in range(rounds.warmup + rounds.ttft):
-        names = list(sides)
-        names = names[index % 3 :] + names[: index % 3]
-        for name in names:
-            elapsed = await sides[name](f"b-ttft-{name[:2]}-{index}")
-            if index >= rounds.warmup:
-                ttft[name].append(elapsed)
-    rejecting: dict[str, Measure] = {
-        "direct": direct.rejected,
-        "stage in process": inproc.rejected,
-        "ours": ours.rejected,
-    }
-    rejected: dict[str, list[float]] = {name: [] for name in rejecting}
-    for index in range(rounds.warmup + rounds.rejected):
-        names = list(rejecting)
-        names = names[index % 3 :] + names[: index % 3]
-        for name in names:
-            elapsed = await rejecting[name](f"b-rej-{name[:2]}-{index}")
-            if index >= rounds.warmup:
-                rejected[name].append(elapsed)
+    ttft = await _in_rotation(
+        {
+            "direct": direct.first_token,
+            "stage in process": inproc.first_token,
+            "ours": ours.first_token,
+        },
+        "b-ttft",
+        rounds.warmup,
+        rounds.ttft,
+    )
+    rejected = await _in_rotation(
+        {
+            "direct": direct.rejected,
+            "stage in process": inproc.rejected,
+            "ours": ours.rejected,
+        },
+        "b-rej",
+        rounds.warmup,
+        rounds.rejected,
+    )
     streams_direct = [
         await direct.stream(f"b-itl-di-{i}", STREAM_TOKENS)
         for i in range(rounds.stream)
