@@ -214,7 +214,7 @@ class InlineStage:
 
     # -- requests (in the task of whoever reads the request's outputs) ---------
 
-    def drive(self, request: m.Submit) -> AsyncGenerator[m.Payload | Ended, None]:
+    async def drive(self, request: m.Submit) -> AsyncGenerator[m.Payload | Ended, None]:
         """Run one request in the caller's task: its payloads as they come,
         then ``Ended`` with its failure or ``None``.
 
@@ -226,11 +226,7 @@ class InlineStage:
         cancellation is taken back, the caller's task goes on); at any other
         time the next step does not start. Then the generator ends without
         ``Ended``: whoever aborted queued the request's end."""
-        return self._drive(request, asyncio.current_task())
-
-    async def _drive(
-        self, request: m.Submit, task: asyncio.Task[Any] | None
-    ) -> AsyncGenerator[m.Payload | Ended, None]:
+        task = asyncio.current_task()
         request_id = request.request_id
         driven = _Driven(task)
         self._tasks[request_id] = driven

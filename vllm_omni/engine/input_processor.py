@@ -71,21 +71,21 @@ def _check_superseded(
     still checked as that stage checks them: a value out of its range is the
     client's 400 whether or not an entry replaces it (never silently
     ignored)."""
-    whole = "sampling_params" in entry  # replaces every key but ``lora``
-    replaced = _superseded(entry)
+    replaced = _replaced(params, entry)
     read = stage_params(stage.kind)
-    own = {
-        key: value
-        for key, value in params.items()
-        if key in read and (key != "lora" if whole else key in replaced)
-    }
+    own = {key: params[key] for key in replaced if key in read}
     if own:
         check_stage_params(stage.kind, own)
 
 
-def _superseded(entry: Mapping[str, Any]) -> set[str]:
-    """The request keys an entry's keys replace (``_SAME_SETTING``)."""
-    return set(entry).union(*(_SAME_SETTING.get(key, ()) for key in entry))
+def _replaced(params: Mapping[str, Any], entry: Mapping[str, Any]) -> set[str]:
+    """The request's keys an entry replaces for its stage: a whole
+    ``SamplingParams`` every key but ``lora``, else the entry's keys and the
+    keys that set the same thing (``_SAME_SETTING``)."""
+    if "sampling_params" in entry:
+        return {key for key in params if key != "lora"}
+    replaced = set(entry).union(*(_SAME_SETTING.get(key, ()) for key in entry))
+    return replaced & set(params)
 
 
 def _bad_param(value: object, path: str, depth: int = 0) -> str | None:
@@ -131,8 +131,6 @@ def for_stage(
     whole ``SamplingParams`` entry replaces every sampling key."""
     if not entry:
         return params
-    if "sampling_params" in entry:
-        params = {key: value for key, value in params.items() if key == "lora"}
-    superseded = _superseded(entry)
-    kept = {key: value for key, value in params.items() if key not in superseded}
+    replaced = _replaced(params, entry)
+    kept = {key: value for key, value in params.items() if key not in replaced}
     return {**kept, **entry}
