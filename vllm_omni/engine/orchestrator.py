@@ -213,21 +213,80 @@ class Orchestrator:
             self.supervisor.watch.check_answering(stage, request_id)
         request = self.requests.open(request_id)
         try:
-            # aclosing: a consumer that goes away closes the whole chain now,
-            # not when the garbage collector gets to it.
-            async with contextlib.aclosing(
-                self._run(
-                    request,
-                    route,
-                    prompt,
-                    dict(params),
-                    dict(stage_params or {}),
-                    wanted,
-                    submission_headers(trace_headers),
+            # The route's stages in this generator itself, not one it wraps:
+            # a layer less for every output to pass through.
+            final = OmniRequestOutput(request_id=request_id)
+            params = dict(params)
+            per_stage = stage_params or {}
+            trace = submission_headers(trace_headers)
+            inputs: m.Payload | None = None
+            for stage in route:
+                submit = m.Submit(
+                    request_id=request.wire_id,
+                    prompt=prompt,
+                    params=for_stage(params, per_stage.get(stage.id)),
+                    inputs=inputs,
+                    trace=trace,
                 )
-            ) as outputs:
-                async for output in outputs:
-                    yield output
+                self._submit(request, stage, submit)
+                inline = self.supervisor.handles[stage.id].inline
+                # A stage in this process runs in this task, a step whenever
+                # nothing else is queued for the request (``InlineStage.drive``).
+                work = None if inline is None else inline.drive(submit)
+                result = m.Payload()
+                try:
+                    while True:
+                        if work is not None and request.queue.empty():
+                            if not await self._step(request, stage, work):
+                                await work.aclose()
+                                work = None
+                            continue
+                        item = await request.queue.get()
+                        if isinstance(item, BaseException):
+                            raise item
+                        if isinstance(item, Aborted):
+                            final.finished = True
+                            final.finish_reason = "abort"
+                            final.stage_id = stage.id
+                            yield final
+                            return
+                        payload = item.payload
+                        accumulate(result, payload)
+                        if payload.meta:
+                            final.meta.setdefault(stage.name, {}).update(payload.meta)
+                        if "text" in wanted and stage.kind in TEXT_KINDS:
+                            choice = fold_choice(final, payload)
+                            if (
+                                payload.text
+                                or payload.finish_reason
+                                or payload.logprobs
+                            ):
+                                hops.mark(
+                                    request.wire_id, "orchestrator.yield", stage.id
+                                )
+                                yield OmniRequestOutput(
+                                    request_id=request_id,
+                                    text=choice.text,
+                                    text_delta=payload.text,
+                                    index=payload.index,
+                                    logprobs=payload.logprobs,
+                                    finish_reason=payload.finish_reason,
+                                    stage_id=stage.id,
+                                )
+                        if item.finished:
+                            break
+                finally:
+                    if work is not None:
+                        await work.aclose()
+                self.requests.cancel_timer(request)
+                self.requests.release(request)
+                fold_stage(final, stage, result)
+                inputs = result
+            request.closed = True
+            final.finished = True
+            final.stage_id = route[-1].id
+            final.finish_reason = final.finish_reason or "stop"
+            yield final
         except (asyncio.CancelledError, GeneratorExit, KeyboardInterrupt):
             if not request.closed:
                 request.closed = True
@@ -237,80 +296,6 @@ class Orchestrator:
             raise
         finally:
             self.requests.remove(request)
-
-    async def _run(
-        self,
-        request: Request,
-        route: tuple[StageConfig, ...],
-        prompt: str,
-        params: dict[str, Any],
-        stage_params: dict[int, Mapping[str, Any]],
-        wanted: frozenset[str],
-        trace: dict[str, str] | None,
-    ) -> AsyncGenerator[OmniRequestOutput, None]:
-        final = OmniRequestOutput(request_id=request.request_id)
-        inputs: m.Payload | None = None
-        for stage in route:
-            submit = m.Submit(
-                request_id=request.wire_id,
-                prompt=prompt,
-                params=for_stage(params, stage_params.get(stage.id)),
-                inputs=inputs,
-                trace=trace,
-            )
-            self._submit(request, stage, submit)
-            inline = self.supervisor.handles[stage.id].inline
-            # A stage in this process runs in this task, a step whenever
-            # nothing else is queued for the request (``InlineStage.drive``).
-            work = None if inline is None else inline.drive(submit)
-            result = m.Payload()
-            try:
-                while True:
-                    if work is not None and request.queue.empty():
-                        if not await self._step(request, stage, work):
-                            await work.aclose()
-                            work = None
-                        continue
-                    item = await request.queue.get()
-                    if isinstance(item, BaseException):
-                        raise item
-                    if isinstance(item, Aborted):
-                        final.finished = True
-                        final.finish_reason = "abort"
-                        final.stage_id = stage.id
-                        yield final
-                        return
-                    payload = item.payload
-                    accumulate(result, payload)
-                    if payload.meta:
-                        final.meta.setdefault(stage.name, {}).update(payload.meta)
-                    if "text" in wanted and stage.kind in TEXT_KINDS:
-                        choice = fold_choice(final, payload)
-                        if payload.text or payload.finish_reason or payload.logprobs:
-                            hops.mark(request.wire_id, "orchestrator.yield", stage.id)
-                            yield OmniRequestOutput(
-                                request_id=request.request_id,
-                                text=choice.text,
-                                text_delta=payload.text,
-                                index=payload.index,
-                                logprobs=payload.logprobs,
-                                finish_reason=payload.finish_reason,
-                                stage_id=stage.id,
-                            )
-                    if item.finished:
-                        break
-            finally:
-                if work is not None:
-                    await work.aclose()
-            self.requests.cancel_timer(request)
-            self.requests.release(request)
-            fold_stage(final, stage, result)
-            inputs = result
-        request.closed = True
-        final.finished = True
-        final.stage_id = route[-1].id
-        final.finish_reason = final.finish_reason or "stop"
-        yield final
 
     def _submit(self, request: Request, stage: StageConfig, submit: m.Submit) -> None:
         self.supervisor.check_serving(request.wire_id)
@@ -348,7 +333,7 @@ class Orchestrator:
         work: AsyncGenerator[m.Payload | Ended, None],
     ) -> bool:
         """One step of a stage in this process: what it gives is queued for
-        ``_run`` as a stage process's message would be; ``False`` once it
+        ``generate`` as a stage process's message would be; ``False`` once it
         ended (finished, failed, or aborted: then the abort queued the end)."""
         item = await anext(work, None)
         if item is None:

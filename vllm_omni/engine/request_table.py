@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import contextvars
 import dataclasses
@@ -36,6 +37,7 @@ __all__ = [
     "DEFAULT_MAX_NUM_QUEUED_REQS",
     "Aborted",
     "AdmissionHolds",
+    "Mailbox",
     "Request",
     "RequestTable",
     "refuse_over_limit",
@@ -136,6 +138,41 @@ class Aborted:
 
 ABORTED = Aborted()
 
+Delivery = m.Output | BaseException | Aborted
+
+
+class Mailbox:
+    """What reaches one request for its one reader, in order: the
+    ``put_nowait``/``get``/``empty`` of an ``asyncio.Queue`` without its
+    size limit, its task accounting and its list of waiting readers (a
+    request has one reader). One is made for every request, and every
+    output passes through it."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: collections.deque[Delivery] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def put_nowait(self, item: Delivery) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def get(self) -> Delivery:
+        while not self._items:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiter = waiter
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+        return self._items.popleft()
+
 
 @dataclasses.dataclass(slots=True, eq=False)
 class Request:
@@ -145,7 +182,7 @@ class Request:
     # The id on the wire: the caller's id when it is a safe token, else a
     # generated one, so error records (which drop unsafe ids) still route.
     wire_id: str
-    queue: asyncio.Queue[m.Output | BaseException | Aborted]
+    queue: Mailbox
     stage: StageConfig | None = None
     # The stage whose admission slot the request holds (until that stage
     # finished it, or the request ended).
@@ -224,7 +261,7 @@ class RequestTable:
         self.check_admission(request_id)
         safe = sanitize_request_id(request_id) == request_id
         wire_id = request_id if safe else f"omni-{uuid.uuid4().hex}"
-        request = Request(request_id, wire_id, asyncio.Queue())
+        request = Request(request_id, wire_id, Mailbox())
         self._requests[request_id] = request
         self._by_wire[wire_id] = request
         REQUESTS_IN_FLIGHT.inc()

@@ -29,6 +29,9 @@ class Routes:
             for modality, chain in _PRODUCERS.items()
             if all(self._first_of(kinds) is not None for kinds in chain)
         )
+        # Each set of modalities served so far, and its route: at most one
+        # entry for each subset of ``MODALITIES`` that has a route.
+        self._known: dict[frozenset[str], tuple[StageConfig, ...]] = {}
 
     def stage_for(self, modality: str) -> StageConfig | None:
         """The first stage producing ``modality`` (its first producer kind)."""
@@ -45,7 +48,10 @@ class Routes:
         for an unknown modality or combination, ``OmniServiceUnavailableError``
         (503) when this pipeline has no stage for a requested modality.
         """
-        wanted = set(modalities)
+        wanted = frozenset(modalities)
+        known = self._known.get(wanted)
+        if known is not None:
+            return known
         unknown = wanted - set(MODALITIES)
         if unknown or not wanted:
             raise VLLMValidationError(
@@ -67,4 +73,5 @@ class Routes:
                     stage = self._first_of(kinds)
                     assert stage is not None
                     route.append(stage)
-        return tuple(route)
+        self._known[wanted] = found = tuple(route)
+        return found

@@ -13,6 +13,7 @@ always picklable.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import pickle
 import re
@@ -90,11 +91,33 @@ def _without_value(exc: BaseException, text: str) -> str:
     value = _attr(exc, "value") if isinstance(exc, _VALUE_CARRIERS) else None
     if value is None or isinstance(value, bool):
         return text
-    shown = {str(value), repr(value)} - {""}
-    if not any(v in text for v in shown):
+    forms = tuple({v: None for v in (str(value), repr(value)) if v and v in text})
+    if not forms:
         return text  # not in the message: nothing to cut
-    pattern = "|".join(re.escape(v) for v in sorted(shown, key=len, reverse=True))
-    return re.sub(rf"(?<![\w.-])(?:{pattern})(?![\w])", "the rejected value", text)
+    if sum(map(len, forms)) > _REMEMBERED_FORM_LEN:
+        return _value_pattern.__wrapped__(forms).sub("the rejected value", text)
+    return _value_pattern(forms).sub("the rejected value", text)
+
+
+# Rejected values written longer than this are not remembered (a long
+# string a client sent): their pattern is built for the one message.
+_REMEMBERED_FORM_LEN = 64
+
+
+@functools.lru_cache(maxsize=256)
+def _value_pattern(forms: tuple[str, ...]) -> re.Pattern[str]:
+    """The written forms of a rejected value, as a whole word: the longest
+    first (``'abc'`` before ``abc``). Remembered: a server sees the same few
+    rejected values again and again (a prompt's length, a limit). Each form
+    is matched first and its start checked after (a lookbehind as long as
+    the form and one more character): a pattern that opens with a literal
+    is searched for as one, several times faster than one that opens with
+    a lookbehind tried at every position."""
+    alternatives = "|".join(
+        f"{v}(?<![\\w.-]{v})"
+        for v in (re.escape(form) for form in sorted(forms, key=len, reverse=True))
+    )
+    return re.compile(rf"(?:{alternatives})(?![\w])")
 
 
 def _own_text(exc: BaseException) -> str:
