@@ -220,44 +220,86 @@ class InlineStage:
 
         The stage's work runs while the caller waits for the next item, as
         upstream's ``AsyncLLM.generate`` runs in its caller's task: no task
-        of its own, no hand-over between two. An abort (``abort``, a
-        deadline, the engine's death) ends it: while the caller waits on the
-        stage, by cancelling the caller's task for that wait only (the
-        cancellation is taken back, the caller's task goes on); at any other
-        time the next step does not start. Then the generator ends without
-        ``Ended``: whoever aborted queued the request's end."""
+        of its own, no hand-over between two, and no generator between the
+        stage's and this one. An abort (``abort``, a deadline, the engine's
+        death) ends it: while the caller waits on the stage, by cancelling
+        the caller's task for that wait only (the cancellation is taken
+        back, the caller's task goes on); at any other time the next step
+        does not start. Then the generator ends without ``Ended``: whoever
+        aborted queued the request's end."""
         task = asyncio.current_task()
+        stage = self.config
+        stage_id = stage.id
         request_id = request.request_id
         driven = _Driven(task)
         self._tasks[request_id] = driven
-        steps = self._steps(request)
+        hops.mark(request_id, "stage.started", stage_id)
+        self._stats.submitted += 1
+        self._active.add(request_id)
+        span = stage_span(
+            request_id,
+            request.trace,
+            stage_id=stage_id,
+            name=stage.name,
+            kind=stage.kind,
+        )
+        # The stage's engine continues this stage's span (a vllm stage).
+        request.trace = span.headers(request.trace)
+        payloads = self._stage.generate(request)
+        # Each request ends its span exactly once.
+        span_open = True
         # Until the work ended, or an abort ended it: the reader went away
         # mid-work (a cancellation that is not this stage's, the generator
         # closed), and the orchestrator's abort of the request follows.
         interrupted = True
         try:
             while not driven.cut:
+                ended: Ended | None = None
                 driven.waiting = True
                 try:
-                    item = await anext(steps)
+                    payload = await anext(payloads)
                 except StopAsyncIteration:
-                    break
-                except asyncio.CancelledError:
-                    if driven.take_cancel():
+                    self._stats.completed += 1
+                    span_open = False
+                    span.finish()
+                    hops.mark(request_id, "stage.finished", stage_id)
+                    ended = Ended(None)
+                except asyncio.CancelledError as exc:
+                    if task is None or not task.cancelling():
+                        # The stage's own CancelledError: its failure.
+                        span_open = False
+                        ended = Ended(self._fail(request_id, exc, span))
+                    elif driven.take_cancel():
                         break  # this stage's abort: the caller's task goes on
+                    else:
+                        raise  # the reader's own cancellation
+                except (KeyboardInterrupt, SystemExit, GeneratorExit):
                     raise
+                except BaseException as exc:  # every other failure: a record
+                    span_open = False
+                    ended = Ended(self._fail(request_id, exc, span))
                 finally:
                     driven.waiting = False
                 if driven.take_cancel():
                     continue  # the stage swallowed the abort's cancellation
-                if isinstance(item, Ended):
+                if ended is not None:
                     interrupted = False
-                    yield item
+                    # No longer active before the orchestrator hears of the
+                    # end (whoever reads it may ask for ``stats`` next), as a
+                    # stage process's ``_ended``.
+                    self._ended(request_id)
+                    yield ended
                     return
-                yield item
+                hops.mark(request_id, "stage.payload", stage_id)
+                yield payload
             interrupted = False
         finally:
-            await steps.aclose()
+            if span_open:
+                # An abort, a deadline, the consumer gone: no record.
+                span.abort()
+            # The reader going away closes the stage's work now.
+            await payloads.aclose()
+            self._ended(request_id)
             if interrupted and not driven.cut:
                 # Its running work was cancelled: the abort that follows
                 # finds it so (``abort_request``), then it is forgotten.
@@ -274,54 +316,12 @@ class InlineStage:
         if self._tasks.get(request_id) is work:
             del self._tasks[request_id]
 
-    async def _steps(
-        self, request: m.Submit
-    ) -> AsyncGenerator[m.Payload | Ended, None]:
-        """The stage's payloads for one request, then ``Ended``."""
-        stage = self.config
-        stage_id = stage.id
-        request_id = request.request_id
-        hops.mark(request_id, "stage.started", stage_id)
-        self._stats.submitted += 1
-        self._active.add(request_id)
-        span = stage_span(
-            request_id,
-            request.trace,
-            stage_id=stage_id,
-            name=stage.name,
-            kind=stage.kind,
-        )
-        # The stage's engine continues this stage's span (a vllm stage).
-        request.trace = span.headers(request.trace)
-        try:
-            # aclosing: the reader going away closes the stage's work now.
-            async with contextlib.aclosing(self._stage.generate(request)) as payloads:
-                async for payload in payloads:
-                    hops.mark(request_id, "stage.payload", stage_id)
-                    yield payload
-        except asyncio.CancelledError as exc:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                span.abort()
-                raise  # an abort, a deadline, the consumer gone: no record
-            yield Ended(self._fail(request_id, exc, span))
-            return
-        except (KeyboardInterrupt, SystemExit, GeneratorExit):
-            span.abort()  # GeneratorExit: the reader closed it (an abort)
-            raise
-        except BaseException as exc:  # every other failure becomes a record
-            yield Ended(self._fail(request_id, exc, span))
-            return
-        finally:
-            # No longer active before the orchestrator hears of the end
-            # (whoever reads it may ask for ``stats`` next), as a stage
-            # process's ``_ended``.
+    def _ended(self, request_id: str) -> None:
+        """The request is no longer active here (once: ``discard``); engine
+        families its work registered are this stage's too."""
+        if request_id in self._active:
             self._active.discard(request_id)
             self._adopt_late_metrics()
-        self._stats.completed += 1
-        span.finish()
-        hops.mark(request_id, "stage.finished", stage_id)
-        yield Ended(None)
 
     def _fail(self, request_id: str, exc: BaseException, span: StageSpan) -> Failure:
         hops.mark(request_id, "stage.failing", self.config.id)
