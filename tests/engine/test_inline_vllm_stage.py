@@ -442,3 +442,52 @@ async def test_the_readers_own_cancellation_outlives_an_abort_at_once(
     with pytest.raises(asyncio.CancelledError):
         await task
     await _closed_in_engine(fake, "ip-both")
+
+
+async def _first_here_rest_in_a_task(
+    omni: AsyncOmni, request_id: str
+) -> tuple[str | None, asyncio.Task[Any]]:
+    """A streamed response's reading: its first output in the route's task
+    (here, the test's), the rest in another (the response's own)."""
+    stream = omni.generate("x @stall", request_id=request_id, modalities=["text"])
+    first = await anext(stream)
+    return first.text_delta, asyncio.ensure_future(drain(stream))
+
+
+async def test_a_reader_cancelled_in_the_task_it_moved_to_is_no_stage_failure(
+    engine: tuple[AsyncOmni, FakeAsyncLLM],
+) -> None:
+    """The task that reads on is the one whose cancellation is the reader's
+    own: the client gone, not a 500 of the stage's (the soak's streams cut
+    by their clients, with the real engine in process)."""
+    omni, fake = engine
+    failed = (await omni.stage_stats())[STAGE_ID]["failed"]
+    first, rest = await _first_here_rest_in_a_task(omni, "ip-moved")
+    assert first == REPLY[0]
+    await _in_engine(fake, "ip-moved")
+    await asyncio.sleep(0.01)  # the rest's task waits on the stage now
+    rest.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await rest
+    await _closed_in_engine(fake, "ip-moved")
+    stats = (await omni.stage_stats())[STAGE_ID]
+    assert stats["failed"] == failed
+    assert "ip-moved" in stats["cancelled"] and "ip-moved" not in stats["active"]
+
+
+async def test_an_abort_cancels_the_wait_of_the_task_that_reads_now(
+    engine: tuple[AsyncOmni, FakeAsyncLLM],
+) -> None:
+    """An abort while the reader waits in the task it moved to cancels that
+    wait and takes it back; the task that read first is not touched."""
+    omni, fake = engine
+    first, rest = await _first_here_rest_in_a_task(omni, "ip-moved-abort")
+    await _in_engine(fake, "ip-moved-abort")
+    await asyncio.sleep(0.01)
+    await omni.abort("ip-moved-abort")
+    final = await rest
+    assert final.finish_reason == "abort"
+    here = asyncio.current_task()
+    assert here is not None and here.cancelling() == 0
+    await asyncio.sleep(0.01)  # nothing pending for this task either
+    await _closed_in_engine(fake, "ip-moved-abort")

@@ -62,10 +62,12 @@ class _Driven:
     """A request's work running in its caller's task (``InlineStage.drive``):
     what an abort cancels (``abort_request``, ``cancel_all``)."""
 
-    __slots__ = ("_cancelled", "_task", "cut", "waiting")
+    __slots__ = ("_cancelled", "cut", "task", "waiting")
 
-    def __init__(self, task: asyncio.Task[Any] | None) -> None:
-        self._task = task
+    def __init__(self) -> None:
+        # The task that reads the request now: the one an abort's cancel
+        # reaches while it waits on the stage (set at each step).
+        self.task: asyncio.Task[Any] | None = None
         # Aborted: no further step starts.
         self.cut = False
         # The caller's task waits on the stage now: cancelling it reaches
@@ -79,7 +81,7 @@ class _Driven:
     def cancel(self) -> bool:
         """End the work: its current wait is cancelled, no step follows."""
         self.cut = True
-        task = self._task
+        task = self.task
         if self.waiting and task is not None and not self._cancelled:
             try:
                 current = asyncio.current_task()
@@ -94,10 +96,10 @@ class _Driven:
         else: the cancellation is taken back (``uncancel``), so the caller's
         task goes on; ``False`` when ``cancel`` did not cancel it, or when
         another cancellation is pending too (it must go on)."""
-        if not self._cancelled or self._task is None:
+        if not self._cancelled or self.task is None:
             return False
         self._cancelled = False
-        return self._task.uncancel() == 0
+        return self.task.uncancel() == 0
 
 
 def runs_inline(stage: StageConfig, pipeline: PipelineConfig, local: bool) -> bool:
@@ -227,11 +229,10 @@ class InlineStage:
         back, the caller's task goes on); at any other time the next step
         does not start. Then the generator ends without ``Ended``: whoever
         aborted queued the request's end."""
-        task = asyncio.current_task()
         stage = self.config
         stage_id = stage.id
         request_id = request.request_id
-        driven = _Driven(task)
+        driven = _Driven()
         self._tasks[request_id] = driven
         hops.mark(request_id, "stage.started", stage_id)
         self._stats.submitted += 1
@@ -255,6 +256,9 @@ class InlineStage:
         try:
             while not driven.cut:
                 ended: Ended | None = None
+                # The task that reads now: a streamed response reads its
+                # first output in the route's task, the rest in its own.
+                task = driven.task = asyncio.current_task()
                 driven.waiting = True
                 try:
                     payload = await anext(payloads)
