@@ -482,6 +482,7 @@ async def test_an_abort_cancels_the_wait_of_the_task_that_reads_now(
     wait and takes it back; the task that read first is not touched."""
     omni, fake = engine
     first, rest = await _first_here_rest_in_a_task(omni, "ip-moved-abort")
+    assert first == REPLY[0]
     await _in_engine(fake, "ip-moved-abort")
     await asyncio.sleep(0.01)
     await omni.abort("ip-moved-abort")
