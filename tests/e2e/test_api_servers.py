@@ -12,6 +12,7 @@ process stops the whole server, leaving nothing behind.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -385,6 +386,54 @@ def test_admission_counts_the_whole_server(
     aborts = "vllm_omni:aborts_total"
     assert sample_delta(before, after, aborts, reason="client_disconnect") == LIMIT
     assert sample_delta(before, after, aborts) == LIMIT
+
+
+SPREAD_CONNECTIONS = 64
+
+
+async def test_connections_are_spread_over_the_processes(server: OmniServer) -> None:
+    """Clients that connect while one API server process is busy still get
+    both: each process has its own queue of new connections, filled evenly
+    by the kernel. With one shared queue the process awake at that moment
+    took every connection, and kept it (the soak's burst: 193 of 236
+    refusals in one process, so the second bought nothing). Here one process
+    is stopped while 64 clients connect, then continued; each must hold at
+    least a quarter of them (a fair split falls below that with probability
+    about 3e-5)."""
+    port = urlsplit(server.base_url).port or 0
+    pids = api_pids(server.proc.pid, port)
+    request = f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+    os.kill(pids[0], signal.SIGSTOP)
+    try:
+        streams = await asyncio.gather(
+            *(
+                asyncio.open_connection("127.0.0.1", port)
+                for _ in range(SPREAD_CONNECTIONS)
+            )
+        )
+        await asyncio.sleep(0.2)
+    finally:
+        os.kill(pids[0], signal.SIGCONT)
+    try:
+        for _, writer in streams:
+            writer.write(request)
+        for reader, _ in streams:
+            status = await asyncio.wait_for(reader.readline(), 30)
+            assert status.startswith(b"HTTP/1.1 200"), status
+        ours = {writer.get_extra_info("sockname")[1] for _, writer in streams}
+        held = {
+            pid: sum(
+                1
+                for c in psutil.Process(pid).net_connections(kind="tcp")
+                if c.raddr and c.raddr.port in ours
+            )
+            for pid in pids
+        }
+    finally:
+        for _, writer in streams:
+            writer.close()
+    assert sum(held.values()) == SPREAD_CONNECTIONS, held
+    assert min(held.values()) >= SPREAD_CONNECTIONS // 4, held
 
 
 def test_a_killed_api_server_stops_the_whole_server(server: OmniServer) -> None:

@@ -70,9 +70,14 @@ def held_job_store(tmp_path: Path) -> Iterator[Path]:
         yield store
 
 
-@pytest.fixture
-def busy_port() -> Iterator[int]:
+@pytest.fixture(params=["plain", "SO_REUSEPORT"])
+def busy_port(request: pytest.FixtureRequest) -> Iterator[int]:
+    """A port something listens on: a plain socket, or one with
+    ``SO_REUSEPORT`` as each process of ``--api-server-count N`` listens
+    (another server of this user must not join that port's group)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        if request.param == "SO_REUSEPORT":
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         yield int(sock.getsockname()[1])
@@ -131,8 +136,15 @@ def test_job_store_held_by_another_server(held_job_store: Path) -> None:
     )
 
 
-def test_port_in_use(tmp_path: Path, busy_port: int) -> None:
-    code, stderr, took = _serve("--port", str(busy_port), job_store=tmp_path / "j")
+@pytest.mark.parametrize("count", ["1", "2"])
+def test_port_in_use(tmp_path: Path, busy_port: int, count: str) -> None:
+    code, stderr, took = _serve(
+        "--port",
+        str(busy_port),
+        "--api-server-count",
+        count,
+        job_store=tmp_path / "j",
+    )
     assert code == 2 and took < FAST_S
     assert stderr == (
         f"{PROG}cannot listen on 127.0.0.1:{busy_port}: Address already in use\n"

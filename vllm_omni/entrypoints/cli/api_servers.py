@@ -3,8 +3,9 @@
 As ``vllm serve --api-server-count N`` does, ``vllm-omni serve`` then runs
 N API server processes in front of one pipeline (docs/serving.md, "Several
 API server processes"). This process is the engine process: it binds the
-port (``serve.preflight``), forks the API server processes while it is
-still single-threaded (they inherit the listening socket, the admission
+port (``serve.preflight``: one socket per process, so that the kernel
+spreads connections over them), forks the API server processes while it is
+still single-threaded (they inherit their listening sockets, the admission
 board and the metrics directory), then starts the pipeline and the video
 job store and serves them over ``engine_rpc``. Each API server process
 imports the serving modules, waits for the engine and serves HTTP.
@@ -141,6 +142,7 @@ def fork_api_servers(args: argparse.Namespace, count: int) -> ApiServers:
         if pid == 0:
             code = 1
             try:
+                _keep_own_socket(args, index)
                 code = _api_server_process(args, servers, index, parent)
             except BaseException:
                 logger.exception("API server %d failed", index)
@@ -150,7 +152,26 @@ def fork_api_servers(args: argparse.Namespace, count: int) -> ApiServers:
                 sys.stderr.flush()
                 os._exit(code)
         servers.pids[pid] = index
+    # The API server processes listen; this one holds no socket of theirs
+    # (a process that dies takes its own with it).
+    for sock in getattr(args, "listen_sockets", ()):
+        sock.close()
+    args.listen_socket = None
     return servers
+
+
+def _keep_own_socket(args: argparse.Namespace, index: int) -> None:
+    """In API server process ``index``: its own listening socket (one per
+    process, ``serve._bind``), or the one they all share; the others closed."""
+    sockets = list(getattr(args, "listen_sockets", ()))
+    if not sockets:
+        return
+    own = sockets[index] if len(sockets) > 1 else sockets[0]
+    for sock in sockets:
+        if sock is not own:
+            sock.close()
+    args.listen_sockets = [own]
+    args.listen_socket = own
 
 
 def _api_server_process(

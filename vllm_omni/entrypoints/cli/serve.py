@@ -22,7 +22,7 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import uvloop
 
@@ -87,7 +87,9 @@ def preflight(args: argparse.Namespace) -> None:
             job_lock.claim(args.job_store, ahead=True)
         except (job_lock.JobStoreInUseError, OSError) as exc:
             raise PreflightError(_one_line(exc)) from None
-    args.listen_socket = _bind(args.host, args.port)
+    count = getattr(args, "api_server_count", None) or 1
+    args.listen_sockets = _bind(args.host, args.port, count)
+    args.listen_socket = args.listen_sockets[0]
 
 
 def _one_line(exc: BaseException) -> str:
@@ -98,9 +100,16 @@ def _one_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def _bind(host: str, port: int, count: int = 1) -> list[socket.socket]:
     """The listening address, bound now (uvicorn listens on it later), so a
-    port in use fails before startup and nobody can take it meanwhile."""
+    port in use fails before startup and nobody can take it meanwhile.
+
+    ``count`` > 1 (``--api-server-count``): one socket per API server
+    process, each with ``SO_REUSEPORT``, so that the kernel spreads new
+    connections over the processes evenly instead of handing them to
+    whichever process is awake when they arrive (one shared socket). The
+    port is first bound without it: a port that anything holds, one of
+    these servers included, is refused as with one process."""
     if not 1 <= port <= 65535:
         raise PreflightError(f"--port must be between 1 and 65535, not {port}")
     try:
@@ -108,15 +117,37 @@ def _bind(host: str, port: int) -> socket.socket:
     except socket.gaierror as exc:
         raise PreflightError(f"cannot resolve --host {host}: {exc.strerror}") from None
     family, kind, proto, _, address = infos[0]
-    sock = socket.socket(family, kind, proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    shared = count > 1 and hasattr(socket, "SO_REUSEPORT")
+    sockets: list[socket.socket] = []
     try:
-        sock.bind(address)
+        sockets.append(_bound(family, kind, proto, address, reuse_port=False))
+        if shared:
+            sockets.pop().close()
+            sockets.extend(
+                _bound(family, kind, proto, address, reuse_port=True)
+                for _ in range(count)
+            )
     except OSError as exc:
-        sock.close()
+        for sock in sockets:
+            sock.close()
         raise PreflightError(
             f"cannot listen on {host}:{port}: {exc.strerror or exc}"
         ) from None
+    return sockets
+
+
+def _bound(
+    family: int, kind: int, proto: int, address: tuple[Any, ...], *, reuse_port: bool
+) -> socket.socket:
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(address)
+    except OSError:
+        sock.close()
+        raise
     sock.set_inheritable(False)
     return sock
 
