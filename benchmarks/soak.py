@@ -1200,17 +1200,17 @@ def _dechunked(data: bytes) -> bytes:
 
 async def _burst_one(
     connection: _Connection, payload: bytes
-) -> tuple[httpx.Response | BaseException, float]:
-    """One request of the burst: its response (checked once every response
-    is in) and its time."""
+) -> tuple[tuple[bytes, bytes] | BaseException, float]:
+    """One request of the burst: its raw response (parsed and checked once
+    every response is in: parsing here would delay the reading of the
+    others) and its time. The whole burst has one deadline (``_burst``), not
+    a timer per request."""
     try:
-        head, content, seconds = await asyncio.wait_for(
-            connection.post(payload), REQUEST_TIMEOUT_S
-        )
+        head, content, seconds = await connection.post(payload)
     except Exception as exc:
         connection.writer.close()
         return exc, REQUEST_TIMEOUT_S
-    return _response(head, content), seconds
+    return (head, content), seconds
 
 
 def _burst_record(
@@ -1256,15 +1256,27 @@ async def _burst(server: OmniServer, report: Report) -> list[Record]:
         for i, p in enumerate(params)
     ]
     began = time.monotonic()
-    results = await asyncio.gather(
-        *(
-            _burst_one(c, payload)
-            for c, payload in zip(connections, payloads, strict=True)
-        )
-    )
+    tasks = [
+        asyncio.ensure_future(_burst_one(c, payload))
+        for c, payload in zip(connections, payloads, strict=True)
+    ]
+    _, late = await asyncio.wait(tasks, timeout=REQUEST_TIMEOUT_S)
     report.burst_s = time.monotonic() - began
+    for task, connection in zip(tasks, connections, strict=True):
+        if task in late:
+            task.cancel()
+            connection.writer.close()
+    results = [
+        (TimeoutError("no answer in time"), REQUEST_TIMEOUT_S)
+        if task in late
+        else task.result()
+        for task in tasks
+    ]
     records = [
-        _burst_record(answer, p) for (answer, _), p in zip(results, params, strict=True)
+        _burst_record(
+            answer if isinstance(answer, BaseException) else _response(*answer), p
+        )
+        for (answer, _), p in zip(results, params, strict=True)
     ]
     refusal_times = sorted(
         t for rec, (_, t) in zip(records, results, strict=True) if rec.refusals
