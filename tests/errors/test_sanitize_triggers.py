@@ -5,7 +5,8 @@ A rule runs on a text only when one of its trigger strings occurs in it
 skips the rule silently, as ``vendor_token``'s did for GitHub fine-grained
 tokens (``github_pat_`` holds no ``gh``). For every rule of the table, our
 own and detect-secrets' alike, hypothesis draws matches of the rule's own
-pattern and the prefilter must admit the rule for each one.
+pattern and the prefilter must admit the rule for each one; the credential
+rules' own prefilter (log lines) admits the same credential rules.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from vllm_omni.errors import sanitize
 from vllm_omni.errors.sanitize import redact_credentials, sanitize_message
 
 TABLE = sanitize._table()
+CREDENTIALS = frozenset(TABLE.credentials)
 
 
 def _lookbehind(parsed: Any) -> int:
@@ -89,6 +91,11 @@ def test_the_prefilter_admits_every_match_of_every_rule(name: str, drawn: str) -
             return
         needed = text[max(0, match.start() - before) : match.end()]
         assert name in TABLE.triggered.rules(needed), needed
+        # A log line is scanned with the credential rules' triggers alone:
+        # they admit exactly the credential rules the whole set admits.
+        assert TABLE.triggered_credentials.rules(text) == (
+            TABLE.triggered.rules(text) & CREDENTIALS
+        ), text
 
     admitted()
 

@@ -535,6 +535,13 @@ class _Table:
         return _Triggers(self.triggers)
 
     @functools.cached_property
+    def triggered_credentials(self) -> _Triggers:
+        """The triggers of ``credentials`` alone (a log line is scanned for
+        these: a path's ``/`` or a base64 run triggers nothing there)."""
+        wanted = set(self.credentials)
+        return _Triggers({n: t for n, t in self.triggers.items() if n in wanted})
+
+    @functools.cached_property
     def every(self) -> tuple[str, ...]:
         return tuple(name for name, _, _ in self.rules)
 
@@ -693,9 +700,17 @@ def _test(part: _Simple) -> tuple[re.Pattern[str], bool]:
     return part, False
 
 
-def _active_rules(text: str, table: _Table, among: tuple[str, ...]) -> tuple[str, ...]:
-    """The rules of ``among`` that can match ``text``, in table order."""
-    found = table.triggered.rules(text)
+def _active_rules(
+    text: str,
+    table: _Table,
+    among: tuple[str, ...],
+    triggers: _Triggers | None = None,
+) -> tuple[str, ...]:
+    """The rules of ``among`` that can match ``text``, in table order
+    (``triggers``: those of ``among`` alone, when the table keeps them)."""
+    found = (triggers or table.triggered).rules(text)
+    if not found:
+        return ()
     return tuple(name for name in among if name in found)
 
 
@@ -786,7 +801,9 @@ def redact_credentials(text: str) -> str:
         return text
     safe = make_safe(text)
     table = _table()
-    names = _active_rules(safe, table, table.credentials)
+    names = _active_rules(
+        safe, table, table.credentials, table.triggered_credentials
+    )
     if names:
         return _substitute(table, names, safe)
     if safe is text and len(text) <= _NO_CREDENTIALS_CHARS:
