@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -133,6 +134,57 @@ def test_two_api_server_processes_sum_the_engines_metrics(
     assert metric_samples(server.base_url).keys() >= {
         key for key in after if key[0].startswith("vllm:")
     }
+
+
+@pytest.mark.parametrize("command", sorted(SERVED))
+def test_a_stream_the_client_cuts_is_an_abort_not_an_error(
+    servers: dict[str, OmniServer], command: str
+) -> None:
+    """The ``vllm`` stage of these commands runs in the orchestrator's
+    process, and a streamed response reads its first output in the route's
+    task, the rest in its own: a client that cuts the stream after a few
+    chunks is one ``client_disconnect`` abort, never the stage's 500 (no
+    error counted, no ERROR line for the request). The soak found it (27 of
+    82 cuts counted as errors before the fix); this pins it per command.
+    The client leaves after two chunks of a reply of 96 tokens."""
+    server = servers[command]
+    before = metric_samples(server.base_url)
+    body = {
+        "model": NAME,
+        "messages": [{"role": "user", "content": "hello world"}],
+        "max_tokens": MAX_MODEL_LEN - 32,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with (
+        httpx.Client(base_url=server.base_url, timeout=60) as http,
+        http.stream("POST", "/v1/chat/completions", json=body) as response,
+    ):
+        assert response.status_code == 200
+        request_id = response.headers["x-request-id"]
+        chunks = 0
+        for line in response.iter_lines():
+            chunks += line.startswith("data: {")
+            if chunks == 2:
+                break
+    assert chunks == 2
+    aborts = "vllm_omni:aborts_total"
+    deadline = time.monotonic() + 30
+    while True:
+        after = metric_samples(server.base_url)
+        cut = sample_delta(before, after, aborts, reason="client_disconnect")
+        if cut >= 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert cut == 1
+    assert sample_delta(before, after, aborts) == 1
+    assert sample_delta(before, after, "vllm_omni:errors_total") == 0
+    errors = [
+        line
+        for line in server.log().splitlines()
+        if request_id in line and " ERROR " in line
+    ]
+    assert errors == []
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))

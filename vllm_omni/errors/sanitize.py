@@ -801,9 +801,7 @@ def redact_credentials(text: str) -> str:
         return text
     safe = make_safe(text)
     table = _table()
-    names = _active_rules(
-        safe, table, table.credentials, table.triggered_credentials
-    )
+    names = _active_rules(safe, table, table.credentials, table.triggered_credentials)
     if names:
         return _substitute(table, names, safe)
     if safe is text and len(text) <= _NO_CREDENTIALS_CHARS:
