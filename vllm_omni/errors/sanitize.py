@@ -701,14 +701,11 @@ def _test(part: _Simple) -> tuple[re.Pattern[str], bool]:
 
 
 def _active_rules(
-    text: str,
-    table: _Table,
-    among: tuple[str, ...],
-    triggers: _Triggers | None = None,
+    text: str, triggers: _Triggers, among: tuple[str, ...]
 ) -> tuple[str, ...]:
     """The rules of ``among`` that can match ``text``, in table order
-    (``triggers``: those of ``among`` alone, when the table keeps them)."""
-    found = (triggers or table.triggered).rules(text)
+    (``triggers``: those of ``among``, or of a set that holds them)."""
+    found = triggers.rules(text)
     if not found:
         return ()
     return tuple(name for name in among if name in found)
@@ -752,7 +749,9 @@ def _cap(text: str) -> str:
 
 
 def _one_pass(text: str, table: _Table, *, every_rule: bool) -> str:
-    names = table.every if every_rule else _active_rules(text, table, table.every)
+    names = (
+        table.every if every_rule else _active_rules(text, table.triggered, table.every)
+    )
     if names:
         text = _substitute(table, names, text)
     return _cap(text.strip())
@@ -801,7 +800,7 @@ def redact_credentials(text: str) -> str:
         return text
     safe = make_safe(text)
     table = _table()
-    names = _active_rules(safe, table, table.credentials, table.triggered_credentials)
+    names = _active_rules(safe, table.triggered_credentials, table.credentials)
     if names:
         return _substitute(table, names, safe)
     if safe is text and len(text) <= _NO_CREDENTIALS_CHARS:
