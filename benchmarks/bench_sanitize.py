@@ -58,7 +58,11 @@ def _with(table: object) -> Callable[[str], str]:
 def _redact_with(table: object) -> Callable[[str], str]:
     def redact_with(text: str) -> str:
         text = sanitize.make_safe(text)
-        names = sanitize._active_rules(text, table, table.credentials)  # type: ignore[arg-type,attr-defined]
+        names = sanitize._active_rules(
+            text,
+            table.triggered_credentials,  # type: ignore[attr-defined]
+            table.credentials,  # type: ignore[attr-defined]
+        )
         return sanitize._substitute(table, names, text) if names else text  # type: ignore[arg-type]
 
     return redact_with

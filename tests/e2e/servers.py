@@ -136,19 +136,27 @@ def assert_http_error_counted(
     )
 
 
-def api_pids(server_pid: int, port: int) -> list[int]:
-    """The API server processes of ``vllm-omni serve --api-server-count N``
-    (``server_pid``): its children that listen on ``port``."""
-    pids = []
-    for child in psutil.Process(server_pid).children():
-        listening = [
-            c
-            for c in child.net_connections(kind="tcp")
-            if c.status == psutil.CONN_LISTEN and c.laddr.port == port
-        ]
-        if listening:
-            pids.append(child.pid)
-    return sorted(pids)
+def api_pids(
+    server_pid: int, port: int, count: int = 2, within_s: float = 60.0
+) -> list[int]:
+    """The ``count`` API server processes of ``vllm-omni serve
+    --api-server-count N`` (``server_pid``): its children that listen on
+    ``port``. Each listens on a socket of its own once it serves, so a
+    server that answers already may have fewer listening: wait for all."""
+    deadline = time.monotonic() + within_s
+    while True:
+        pids = []
+        for child in psutil.Process(server_pid).children():
+            listening = [
+                c
+                for c in child.net_connections(kind="tcp")
+                if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+            ]
+            if listening:
+                pids.append(child.pid)
+        if len(pids) >= count or time.monotonic() > deadline:
+            return sorted(pids)
+        time.sleep(0.1)
 
 
 def serving_pid(response: httpx.Response, pids: list[int]) -> int:
