@@ -156,7 +156,7 @@ def fork_api_servers(args: argparse.Namespace, count: int) -> ApiServers:
     # (a process that dies takes its own with it).
     for sock in getattr(args, "listen_sockets", ()):
         sock.close()
-    args.listen_socket = None
+    args.listen_sockets = []
     return servers
 
 
@@ -171,7 +171,6 @@ def _keep_own_socket(args: argparse.Namespace, index: int) -> None:
         if sock is not own:
             sock.close()
     args.listen_sockets = [own]
-    args.listen_socket = own
 
 
 def _api_server_process(

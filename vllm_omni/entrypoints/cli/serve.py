@@ -89,7 +89,6 @@ def preflight(args: argparse.Namespace) -> None:
             raise PreflightError(_one_line(exc)) from None
     count = getattr(args, "api_server_count", None) or 1
     args.listen_sockets = _bind(args.host, args.port, count)
-    args.listen_socket = args.listen_sockets[0]
 
 
 def _one_line(exc: BaseException) -> str:
@@ -117,16 +116,14 @@ def _bind(host: str, port: int, count: int = 1) -> list[socket.socket]:
     except socket.gaierror as exc:
         raise PreflightError(f"cannot resolve --host {host}: {exc.strerror}") from None
     family, kind, proto, _, address = infos[0]
-    shared = count > 1 and hasattr(socket, "SO_REUSEPORT")
     sockets: list[socket.socket] = []
     try:
-        sockets.append(_bound(family, kind, proto, address, reuse_port=False))
-        if shared:
-            sockets.pop().close()
-            sockets.extend(
-                _bound(family, kind, proto, address, reuse_port=True)
-                for _ in range(count)
-            )
+        plain = _bound(family, kind, proto, address, reuse_port=False)
+        if count == 1 or not hasattr(socket, "SO_REUSEPORT"):
+            return [plain]
+        plain.close()
+        for _ in range(count):
+            sockets.append(_bound(family, kind, proto, address, reuse_port=True))
     except OSError as exc:
         for sock in sockets:
             sock.close()

@@ -269,10 +269,11 @@ async def run_server(
             args.error_mode,
             type(loop).__module__,
         )
-        # The socket ``vllm-omni serve`` bound before startup, if any.
-        listening = getattr(args, "listen_socket", None)
+        # The socket ``vllm-omni serve`` bound before startup for this
+        # process, if any (``serve._bind``, ``api_servers``).
+        listening = getattr(args, "listen_sockets", None)
         try:
-            await server.serve(sockets=None if listening is None else [listening])
+            await server.serve(sockets=listening or None)
         finally:
             watchdog.cancel()
             freeze.cancel()
