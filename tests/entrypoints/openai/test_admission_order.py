@@ -19,6 +19,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import httpx
+import pytest
+from fastapi import Depends, FastAPI
 
 from vllm_omni.config import StageConfig
 from vllm_omni.engine.request_table import (
@@ -26,7 +28,14 @@ from vllm_omni.engine.request_table import (
     refuse_over_limit,
     release_held_place,
 )
+from vllm_omni.entrypoints.openai.admission import (
+    AdmissionGate,
+    admit_before_routing,
+    admitted,
+)
 from vllm_omni.entrypoints.openai.api_server import build_app
+from vllm_omni.entrypoints.openai.auth import require_api_key
+from vllm_omni.errors.http import install_error_handling
 
 LIMIT = 2
 BURST = 8
@@ -100,3 +109,94 @@ async def test_refusals_are_answered_before_admitted_work() -> None:
     # Every refusal before the first admitted request's submission.
     assert kinds == ["refused"] * (BURST - LIMIT) + ["submitted"] * LIMIT, engine.events
     assert (engine.in_flight, engine.holds.count) == (0, 0)
+
+
+class _Full:
+    """An engine at its limit: every admission is refused."""
+
+    errored = False
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def hold_admission(
+        self, request_id: str
+    ) -> contextlib.AbstractContextManager[None]:
+        self.asked.append(request_id)
+        refuse_over_limit(request_id, LIMIT, LIMIT)
+        raise AssertionError("refuse_over_limit returned at the limit")
+
+
+class _Routes:
+    """Pure ASGI outside the boundary: the route each request was named."""
+
+    def __init__(self, app: Any, seen: list[object]) -> None:
+        self.app = app
+        self.seen = seen
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self.app(scope, receive, send)
+        self.seen.append(getattr(scope.get("route"), "path", None))
+
+
+def _gated_app(seen: list[object]) -> FastAPI:
+    app = FastAPI()
+
+    @app.post("/shadowed")
+    async def first() -> dict[str, str]:
+        return {"served": "first"}
+
+    @admitted
+    @app.post("/shadowed")
+    async def second() -> dict[str, str]:  # never served: the first wins
+        return {"served": "second"}
+
+    @admitted
+    @app.post("/generate", dependencies=[Depends(require_api_key)])
+    async def generate() -> dict[str, str]:
+        return {"served": "generate"}
+
+    install_error_handling(app)
+    app.add_middleware(_Routes, seen=seen)
+    admit_before_routing(app)
+    app.state.api_keys = (b"key",)
+    app.state.engine_client = _Full()
+    return app
+
+
+async def test_the_gate_refuses_before_routing_what_the_router_would_admit() -> None:
+    """The gate's table is the router's answer: an admitted route is gated
+    for the paths and methods it serves, and only those; a refusal keeps
+    the route's name (a span's), and the key is checked before admission."""
+    seen: list[object] = []
+    app = _gated_app(seen)
+    assert app.user_middleware[-1].cls is AdmissionGate
+    engine = app.state.engine_client
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://omni") as http:
+        keyed = {"Authorization": "Bearer key", "X-Request-Id": "full-1"}
+        refused = await http.post("/generate", headers=keyed)
+        unkeyed = await http.post("/generate", headers={"X-Request-Id": "nokey"})
+        shadowed = await http.post("/shadowed", headers={"X-Request-Id": "first"})
+        wrong_method = await http.get("/generate", headers=keyed)
+    assert refused.status_code == 503, refused.text
+    assert refused.headers["retry-after"] == "1"
+    assert refused.json()["error"]["request_id"] == "full-1"
+    assert unkeyed.status_code == 401, unkeyed.text
+    assert shadowed.json() == {"served": "first"}
+    assert wrong_method.status_code == 405
+    # Admission was asked once, for the keyed request to the admitted route.
+    assert engine.asked == ["full-1"]
+    assert seen == ["/generate", "/generate", "/shadowed", "/generate"]
+
+
+def test_an_admitted_route_needs_a_fixed_path() -> None:
+    app = FastAPI()
+
+    @admitted
+    @app.post("/v1/things/{thing}")
+    async def thing(thing: str) -> str:
+        return thing
+
+    with pytest.raises(TypeError, match="path parameters"):
+        admit_before_routing(app)

@@ -32,7 +32,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 
 from vllm_omni.entrypoints.async_omni import AsyncOmni
-from vllm_omni.entrypoints.openai.admission import admit_before_body
+from vllm_omni.entrypoints.openai.admission import admit_before_routing
 from vllm_omni.entrypoints.openai.auth import (
     authenticate_before_body,
     authenticate_documents,
@@ -135,7 +135,6 @@ def build_app(args: argparse.Namespace) -> FastAPI:
             dependencies=unicode if public else auth + unicode,
             responses=ERROR_RESPONSES,
         )
-    admit_before_body(app)
     authenticate_before_body(app)
     app.state.limits = RequestLimits.from_args(args)
     install_error_handling(
@@ -177,6 +176,8 @@ def build_app(args: argparse.Namespace) -> FastAPI:
     ]
     app.add_route(str(app.openapi_url), openapi.endpoint, include_in_schema=False)
     authenticate_documents(app)
+    # Last: the one middleware inside the error boundary, once every route is known.
+    admit_before_routing(app)
     return app
 
 

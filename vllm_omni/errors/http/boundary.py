@@ -4,7 +4,8 @@ Owns the request's edges: it renders any exception a route lets escape
 (before the response started; after, it only ends the body), puts the
 request id on every response start, and wires in the body and WebSocket
 message limits, the disconnect watch and the WebSocket markers. It must stay
-the innermost user middleware (``register``) and render only through
+the innermost user middleware (``register``; the server appends one inside
+it, its admission gate, which only raises) and render only through
 ``vllm_omni.errors.render``. Why: docs/design.md §4.1, §9.
 """
 
