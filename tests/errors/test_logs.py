@@ -74,6 +74,30 @@ def test_arguments_a_formatter_reads_directly(stream: io.StringIO) -> None:
     assert seen == [("127.0.0.1", "GET", "/v1/x?token=<redacted>", 200)]
 
 
+@pytest.mark.parametrize(
+    ("msg", "args", "expected"),
+    [
+        # The line holds no credential: the arguments are kept as they are.
+        ("request %s refused (%s)", ("req-9", "overload"), ("req-9", "overload")),
+        # A secret only its argument shows whole (the line cuts it).
+        ("first part %.6s", (SECRET,), ("<redacted>",)),
+        # A secret the line shows, in an argument of its own.
+        ("%s said %s", ("proxy", f"Bearer {SECRET}"), ("proxy", "Bearer <redacted>")),
+        # A line that cannot be made: each argument on its own.
+        ("%s %s %s", (f"token={SECRET}",), ("token=<redacted>",)),
+    ],
+)
+def test_arguments_are_checked_whole_wherever_the_line_hides_them(
+    stream: io.StringIO, msg: str, args: tuple[str, ...], expected: tuple[str, ...]
+) -> None:
+    record = logging.getLogger("tests.errors.logs").makeRecord(
+        "tests.errors.logs", logging.INFO, __file__, 1, msg, args, None
+    )
+    assert record.args == expected
+    if args == expected:
+        assert record.args is args  # not rebuilt
+
+
 def test_stack_info_and_text_that_is_not_unicode(stream: io.StringIO) -> None:
     logger = logging.getLogger("tests.errors.logs")
     logger.warning("model \ud800 with Bearer %s", SECRET, stack_info=True)

@@ -73,6 +73,35 @@ def _alternatives() -> list[tuple[str, str]]:
     return drawn
 
 
+# Texts around a part of a log line: words, separators, and letters whose
+# lower case depends on what follows (a final sigma) or is not one letter.
+_AROUND = [("", "x"), ("x", ""), ("token ", "="), ("ΑΣ", "Σα"), ("İ", "K"), ("_", "-")]
+
+
+def _assertions(parsed: Any) -> list[Any]:
+    """The anchors, boundaries and lookarounds of a parsed pattern."""
+    found = []
+    for op, arg in parsed:
+        if op in (_constants.AT, _constants.ASSERT, _constants.ASSERT_NOT):
+            found.append((op, arg))
+        for item in arg if isinstance(arg, (tuple, list)) else ():
+            for sub in item if isinstance(item, list) else (item,):
+                if isinstance(sub, _parser.SubPattern):
+                    found += _assertions(sub)
+    return found
+
+
+def test_the_credential_triggers_occur_in_any_text_around_them() -> None:
+    """A credential trigger that is a pattern has no anchor, boundary or
+    lookaround: what it finds in a part of a text it finds in the text."""
+    triggers = TABLE.triggered_credentials
+    patterns = [pattern for pattern, _ in triggers._patterns]
+    patterns += [pattern for parts, _ in triggers._every for _, pattern, _ in parts]
+    assert patterns, "the credential triggers have patterns"
+    for pattern in patterns:
+        assert not _assertions(_parser.parse(pattern.pattern)), pattern.pattern
+
+
 @pytest.mark.parametrize(("name", "drawn"), _alternatives())
 def test_the_prefilter_admits_every_match_of_every_rule(name: str, drawn: str) -> None:
     rule = re.compile(TABLE.patterns[name])
@@ -96,6 +125,12 @@ def test_the_prefilter_admits_every_match_of_every_rule(name: str, drawn: str) -
         assert TABLE.triggered_credentials.rules(text) == (
             TABLE.triggered.rules(text) & CREDENTIALS
         ), text
+        # A trigger that occurs in a text occurs in any text around it
+        # (``may_hold_credentials`` relies on it for a log line's parts).
+        found = TABLE.triggered_credentials.rules(text)
+        for before_text, after_text in _AROUND:
+            around = before_text + text + after_text
+            assert found <= TABLE.triggered_credentials.rules(around), around
 
     admitted()
 

@@ -23,7 +23,7 @@ import functools
 import logging
 from typing import Any
 
-from vllm_omni.errors.sanitize import redact_credentials
+from vllm_omni.errors.sanitize import may_hold_credentials, redact_credentials
 
 __all__ = ["install_log_redaction"]
 
@@ -60,10 +60,28 @@ def _redacting(cls: type[logging.LogRecord]) -> type[logging.LogRecord]:
     return type(f"Redacting{cls.__name__}", (_Redacting, cls), {})
 
 
-def _redact_args(args: Any) -> Any:
-    if isinstance(args, tuple):
-        return tuple(redact_credentials(a) if isinstance(a, str) else a for a in args)
-    return args
+def _redact_args(msg: object, args: Any) -> Any:
+    """The record's string arguments redacted. Most lines hold no
+    credential: when the line they make holds none and each of them appears
+    in it as it is, none does either (``may_hold_credentials``), and the
+    line is scanned once (the handler's redaction of it is then a lookup)."""
+    if not isinstance(args, tuple):
+        return args
+    strings = [a for a in args if isinstance(a, str)]
+    if not strings:
+        return args
+    if isinstance(msg, str):
+        try:
+            line = msg % args
+        except Exception:  # logging reports it when a handler formats it
+            line = None
+        if (
+            line is not None
+            and all(a in line for a in strings)
+            and not may_hold_credentials(line)
+        ):
+            return args
+    return tuple(redact_credentials(a) if isinstance(a, str) else a for a in args)
 
 
 def install_log_redaction() -> None:
@@ -77,7 +95,7 @@ def install_log_redaction() -> None:
         exc_text = record.__dict__.pop("exc_text", None)
         record.__class__ = _redacting(type(record))
         record.exc_text = exc_text
-        record.args = _redact_args(record.args)
+        record.args = _redact_args(record.msg, record.args)
         if record.stack_info:
             record.stack_info = redact_credentials(record.stack_info)
         return record

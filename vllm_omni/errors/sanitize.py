@@ -33,6 +33,7 @@ from vllm_omni.errors.text import make_safe
 
 __all__ = [
     "MAX_MESSAGE_CHARS",
+    "may_hold_credentials",
     "redact_credentials",
     "sanitize_message",
     "sanitize_parameter",
@@ -803,17 +804,42 @@ def redact_credentials(text: str) -> str:
     names = _active_rules(safe, table.triggered_credentials, table.credentials)
     if names:
         return _substitute(table, names, safe)
-    if safe is text and len(text) <= _NO_CREDENTIALS_CHARS:
-        if len(_NO_CREDENTIALS) >= _CLEAN_MAX:
-            _NO_CREDENTIALS.clear()
-        _NO_CREDENTIALS[text] = None
+    if safe is text:
+        _remember_clean(text)
     return safe
 
 
+def may_hold_credentials(text: str) -> bool:
+    """Whether ``redact_credentials`` could change ``text``. ``False`` says
+    more: it changes no part of ``text`` either. A credential rule runs only
+    where one of its triggers occurs, and every trigger that occurs in a
+    part of a text occurs in the text: substrings, words, and patterns
+    without anchors, boundaries or lookarounds (the tests check the table
+    for these)."""
+    if text in _NO_CREDENTIALS:
+        return False
+    if make_safe(text) is not text:
+        return True
+    table = _table()
+    if _active_rules(text, table.triggered_credentials, table.credentials):
+        return True
+    _remember_clean(text)
+    return False
+
+
 # Short texts in which no credential rule can match: a log line's recurring
-# arguments (a method, a path, a status phrase) are looked up, not scanned.
+# arguments (a method, a path, a status phrase) are looked up, not scanned,
+# and so is a line scanned once already (``logs`` checks a record's line when
+# it is made, and redacts it again when a handler renders it).
 _NO_CREDENTIALS: dict[str, None] = {}
 _NO_CREDENTIALS_CHARS = 256
+
+
+def _remember_clean(text: str) -> None:
+    if len(text) <= _NO_CREDENTIALS_CHARS:
+        if len(_NO_CREDENTIALS) >= _CLEAN_MAX:
+            _NO_CREDENTIALS.clear()
+        _NO_CREDENTIALS[text] = None
 
 
 def warm_rule_set() -> threading.Thread:

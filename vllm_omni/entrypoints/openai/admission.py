@@ -112,7 +112,7 @@ def admit_before_routing(app: FastAPI) -> None:
         if not (isinstance(route, APIRoute) and getattr(route.endpoint, _MARK, False)):
             continue
         if route.param_convertors:
-            raise TypeError(f"admitted route {route.path!r} has path parameters")
+            raise RuntimeError(f"admitted route {route.path!r} has path parameters")
         methods = frozenset(
             m
             for m in route.methods or ()
