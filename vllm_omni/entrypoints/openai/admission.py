@@ -49,6 +49,11 @@ def admitted(endpoint: Endpoint) -> Endpoint:
     return endpoint
 
 
+# Turns of the event loop an admitted request waits at most for the
+# requests arriving with it (each turn is short unless requests arrive).
+_SETTLE_TURNS = 32
+
+
 class _Admitted(NamedTuple):
     route: APIRoute
     methods: frozenset[str]
@@ -63,6 +68,9 @@ class AdmissionGate:
     def __init__(self, app: ASGIApp, paths: Mapping[str, _Admitted]) -> None:
         self.app = app
         self._paths = dict(paths)
+        # Requests the gate has asked admission for, ever: an admitted one
+        # waits while this still grows (``_settle``).
+        self._asked = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -82,12 +90,26 @@ class AdmissionGate:
         scope["route"] = entry.route
         if entry.keyed:
             await require_api_key(HTTPConnection(scope))
+        self._asked += 1
         with engine.hold_admission(scope_request_id(scope)):
-            # Let the requests that arrived with this one reach their own
-            # check first: a refusal is answered at once, not after the
-            # admitted requests' work (its place is held meanwhile).
-            await asyncio.sleep(0)
+            await self._settle()
             await self.app(scope, receive, send)
+
+    async def _settle(self) -> None:
+        """Let the requests that arrive with this one reach their own check
+        first: a refusal is answered at once, not after the admitted
+        requests' work (this one's place is held meanwhile). A burst is read
+        over several turns of the event loop, and a request read in one turn
+        reaches the gate in the next, after the requests already waiting:
+        this waits until two turns in a row bring none (at most
+        ``_SETTLE_TURNS`` turns)."""
+        quiet = 0
+        for _ in range(_SETTLE_TURNS):
+            asked = self._asked
+            await asyncio.sleep(0)
+            quiet = quiet + 1 if self._asked == asked else 0
+            if quiet == 2:
+                return
 
 
 def _serving_route(app: FastAPI, path: str, method: str) -> object | None:
