@@ -151,6 +151,8 @@ class _Metering(PrometheusInstrumentatorMiddleware):
         return _Families.of(self.instrumentations[0])
 
     def _get_handler(self, request: Request) -> tuple[str, bool]:
+        # The library's own ``__call__`` (settings ``_Families`` does not
+        # know) looks the handler up here, remembered per path too.
         scope = request.scope
         key = (scope.get("root_path", ""), scope["path"], scope.get("method", ""))
         handler = self._handlers.get(key)
@@ -166,7 +168,8 @@ class _Metering(PrometheusInstrumentatorMiddleware):
             return self._paths[key]
         except KeyError:
             pass
-        handler, templated = self._get_handler(Request(scope))
+        # The library's lookup: this entry is what remembers its answer.
+        handler, templated = super()._get_handler(Request(scope))
         path = (
             None
             if self._is_handler_excluded(handler, templated)
