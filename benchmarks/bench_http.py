@@ -147,7 +147,9 @@ def _client(app: FastAPI) -> httpx.AsyncClient:
 
 
 async def _block(
-    client: httpx.AsyncClient, path: str, clock: Callable[[], float]
+    client: httpx.AsyncClient,
+    path: str,
+    clock: Callable[[], float] = time.thread_time,
 ) -> float:
     # CPU time of this thread, which runs client, app and loop: time the
     # machine gives other processes mid-block does not count.

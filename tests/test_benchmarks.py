@@ -134,3 +134,18 @@ def test_http_marks_outermost_app_marks_and_serves_them() -> None:
     ]
     assert [ns for _, ns in first] == sorted(ns for _, ns in first)
     assert again == []
+
+
+def test_bench_http_breakdown_runs_every_layer() -> None:
+    """``bench_http --breakdown`` (the success route's layers one at a time)
+    is not part of ``--quick``: run it here, short, so a change to its
+    helpers cannot leave it broken until somebody needs it."""
+    import asyncio
+
+    from benchmarks import bench_http
+
+    rows = asyncio.run(bench_http.breakdown(rounds=2, profiled=2))
+    assert [row["benchmark"] for row in rows] == [
+        f"breakdown: {name}" for name, _, _ in bench_http.LAYERS
+    ]
+    assert all(float(row["ours"]) > 0 for row in rows)  # type: ignore[arg-type]
