@@ -45,12 +45,14 @@ inter-token ratio 0.69–1.17 on the idle machine, 2026-12-06); beside it
 the step is the worker's. The servers start under ``setarch -R`` (no address-space
 randomization) and ``PYTHONHASHSEED=0``, the same for both
 (``OMNI_BENCH_ASLR=1`` keeps randomization). A run is ``--repeat``
-repetitions (3 by default), each with fresh engines and servers, the side
-started first alternating (A, B, A … not all of one then all of the
-other): which engine the scheduler and the allocator favour changes with
-every start, and a single start's verdict would follow it. Each row pools
-every repetition's pairs and prints each repetition's own ratio and how far
-apart they are.
+repetitions (3 by default), each of ``--starts`` fresh starts of the
+engines and servers (2 by default) that share its rounds, the side started
+first alternating from one start to the next (A, B, A … not all of one
+then all of the other): two starts of the same engine differ in speed by a
+few percent (a repetition's HTTP inter-token ratio 0.94–1.04 with one start
+each, 2026-12-07), and a repetition of a single start inherits its luck.
+Each row pools every repetition's pairs and prints each repetition's own
+ratio and how far apart they are.
 
 ``--quick`` runs every metric a few times (CI: it must not rot), ``--no-http``
 leaves the two servers out, ``--http-only`` the two engines.
@@ -126,20 +128,28 @@ class Rounds:
     # Fresh engines (and servers) per repetition, started in alternating
     # order; the rows pool every repetition's pairs.
     repeat: int = 1
+    # Fresh engines (and servers) within one repetition, the rounds shared
+    # out among them: two starts of the same engine differ in speed by a few
+    # percent, so a repetition of one start inherits its start's luck.
+    starts: int = 1
     # Both sides' workers on the last core, everything else on the others.
     pin: bool = True
 
 
+# 300 first tokens a side and repetition: at 100 the median of a
+# repetition's pair ratios moved by about 1 % from sampling alone
+# (bootstrap), on top of what separates two starts of the same engines.
 FULL = Rounds(
     warmup=20,
-    ttft=100,
+    ttft=300,
     stream=40,
     rejected=100,
     throughput=6,
-    http=100,
+    http=300,
     block=10,
     settle=True,
     repeat=3,
+    starts=2,
 )
 QUICK = Rounds(warmup=1, ttft=3, stream=2, rejected=3, throughput=1, http=3)
 
@@ -390,6 +400,37 @@ class Measured:
     name: str
     pairs: Pairs
     row: Callable[[str, Pairs], dict[str, object]]
+
+
+def per_start(rounds: Rounds) -> Rounds:
+    """The rounds of one of a repetition's ``starts``: each counted metric
+    shared out among them (at least one round each)."""
+    if rounds.starts <= 1:
+        return rounds
+
+    def share(count: int) -> int:
+        return max(1, -(-count // rounds.starts))
+
+    return dataclasses.replace(
+        rounds,
+        ttft=share(rounds.ttft),
+        stream=share(rounds.stream),
+        rejected=share(rounds.rejected),
+        throughput=share(rounds.throughput),
+        http=share(rounds.http),
+    )
+
+
+def joined(measured: list[Measured], more: Sequence[Measured]) -> list[Measured]:
+    """A repetition's metrics with another start's pairs added, metric by
+    metric (both lists in the same order)."""
+    if not measured:
+        return list(more)
+    assert [m.name for m in measured] == [m.name for m in more]
+    return [
+        dataclasses.replace(mine, pairs=[*mine.pairs, *theirs.pairs])
+        for mine, theirs in zip(measured, more, strict=True)
+    ]
 
 
 def pooled_rows(repetitions: Sequence[Sequence[Measured]]) -> list[dict[str, object]]:
@@ -1248,11 +1289,14 @@ def run(
     repeat: int | None = None,
     pin: bool = True,
     guardrail: bool = False,
+    starts: int | None = None,
 ) -> list[dict[str, object]]:
     """The rows; the engines in process first, then (``http``) the servers:
     two engines at a time, so a 2-core machine starts them in reasonable time.
-    Each of ``repeat`` repetitions (default: the rounds') starts fresh
-    engines and servers, the side started first alternating."""
+    Each of ``repeat`` repetitions (default: the rounds') is ``starts``
+    fresh starts of the engines and servers (default: the rounds'), which
+    share its rounds; the side started first alternates from start to
+    start."""
     import yaml
 
     from tests.real_engine.conftest import write_tiny_pipeline
@@ -1263,6 +1307,8 @@ def run(
         rounds = dataclasses.replace(rounds, block=1, settle=False)
     if repeat is not None:
         rounds = dataclasses.replace(rounds, repeat=repeat)
+    if starts is not None:
+        rounds = dataclasses.replace(rounds, starts=max(1, starts))
     rounds = dataclasses.replace(rounds, pin=pin)
     model = build_tiny_model()
     with tempfile.TemporaryDirectory() as tmp:
@@ -1272,25 +1318,35 @@ def run(
         stages = yaml.safe_load(pipeline.read_text())["stages"]
         vllm_stage = next(s for s in stages if s["kind"] == "vllm")
         engine_args = vllm_stage["options"]["engine_args"]
-        repetitions: list[list[Measured]] = [[] for _ in range(rounds.repeat)]
+        # Each repetition's starts: the side started first alternates from
+        # one start to the next, over the whole run.
+        each = per_start(rounds)
+        starts = [
+            (index, start, (index * rounds.starts + start) % 2 == 1)
+            for index in range(rounds.repeat)
+            for start in range(rounds.starts)
+        ]
+        engines_of: list[list[Measured]] = [[] for _ in range(rounds.repeat)]
+        servers_of: list[list[Measured]] = [[] for _ in range(rounds.repeat)]
         if engines:
-            for index, measured in enumerate(repetitions):
+            for index, _, upstream_first in starts:
                 found = asyncio.run(
-                    _measure_engines(
-                        pipeline, engine_args, rounds, False, index % 2 == 1
-                    )
+                    _measure_engines(pipeline, engine_args, each, False, upstream_first)
                 )
                 assert isinstance(found, list)
-                measured += found
+                engines_of[index] = joined(engines_of[index], found)
         if http:
-            for index, measured in enumerate(repetitions):
-                measured += _measure_servers(
-                    Path(tmp) / f"servers-{index}",
-                    engine_args,
-                    rounds,
-                    index % 2 == 1,
+            for index, start, upstream_first in starts:
+                servers_of[index] = joined(
+                    servers_of[index],
+                    _measure_servers(
+                        Path(tmp) / f"servers-{index}-{start}",
+                        engine_args,
+                        each,
+                        upstream_first,
+                    ),
                 )
-    return pooled_rows(repetitions)
+    return pooled_rows([e + h for e, h in zip(engines_of, servers_of, strict=True)])
 
 
 def run_breakdown(
@@ -1368,6 +1424,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"first alternating (default {FULL.repeat}, {QUICK.repeat} with --quick)",
     )
     parser.add_argument(
+        "--starts",
+        type=int,
+        help="fresh engines and servers within each repetition, its rounds "
+        f"shared out among them (default {FULL.starts}, {QUICK.starts} with "
+        "--quick)",
+    )
+    parser.add_argument(
         "--no-pin",
         action="store_true",
         help="leave every process where the scheduler puts it",
@@ -1401,6 +1464,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settle=not args.no_settle,
         in_process=in_process,
         repeat=args.repeat,
+        starts=args.starts,
         pin=not args.no_pin,
         guardrail=args.pipeline == "tiny",
     )

@@ -112,6 +112,44 @@ def test_repetitions_pool_their_pairs_and_show_how_far_apart_they_are() -> None:
     assert bench.FULL.pin and bench.QUICK.pin
 
 
+def test_a_repetition_of_several_starts_shares_its_rounds_and_pools_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """With ``starts`` > 1 each repetition starts the servers that many
+    times, gives each start its share of the rounds, alternates which side
+    starts first from start to start, and pools the starts' pairs into the
+    repetition's own ratio."""
+
+    def row(name: str, pairs: bench.Pairs) -> dict[str, object]:
+        return bench.ratio_row(name, pairs, "<= 1.05", "ms", 1e3)
+
+    calls: list[tuple[str, int, bool]] = []
+
+    def servers(
+        directory: Any, engine_args: Any, rounds: bench.Rounds, upstream_first: bool
+    ) -> list[bench.Measured]:
+        calls.append((directory.name, rounds.http, upstream_first))
+        # Each start a little slower than the one before: its own luck.
+        ratio = 1.0 + 0.1 * len(calls)
+        return [bench.Measured("ttft", [(ratio, 1.0)] * rounds.http, row)]
+
+    monkeypatch.setattr(bench, "_measure_servers", servers)
+    monkeypatch.setattr(
+        bench, "FULL", bench.dataclasses.replace(bench.FULL, repeat=2, http=5)
+    )
+    (pooled,) = bench.run(engines=False)
+    assert calls == [
+        ("servers-0-0", 3, False),
+        ("servers-0-1", 3, True),
+        ("servers-1-0", 3, False),
+        ("servers-1-1", 3, True),
+    ]
+    # Each repetition's ratio is the median of its two starts' six pairs.
+    assert pooled["repeats"] == "1.15, 1.35"
+    assert bench.FULL.starts >= 2 and bench.QUICK.starts == 1
+    assert bench.per_start(bench.QUICK) == bench.QUICK
+
+
 def _sse_app(status: int) -> Any:
     """An ASGI app streaming a completion's events: two with text, one
     without, then ``[DONE]`` (or ``status`` and a JSON error)."""
