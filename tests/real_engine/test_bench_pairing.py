@@ -113,7 +113,7 @@ def test_repetitions_pool_their_pairs_and_show_how_far_apart_they_are() -> None:
 
 
 def test_a_repetition_of_several_starts_shares_its_rounds_and_pools_them(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """With ``starts`` > 1 each repetition starts the servers that many
     times, gives each start its share of the rounds, alternates which side
