@@ -1321,7 +1321,7 @@ def run(
         # Each repetition's starts: the side started first alternates from
         # one start to the next, over the whole run.
         each = per_start(rounds)
-        starts = [
+        schedule = [
             (index, start, (index * rounds.starts + start) % 2 == 1)
             for index in range(rounds.repeat)
             for start in range(rounds.starts)
@@ -1329,14 +1329,14 @@ def run(
         engines_of: list[list[Measured]] = [[] for _ in range(rounds.repeat)]
         servers_of: list[list[Measured]] = [[] for _ in range(rounds.repeat)]
         if engines:
-            for index, _, upstream_first in starts:
+            for index, _, upstream_first in schedule:
                 found = asyncio.run(
                     _measure_engines(pipeline, engine_args, each, False, upstream_first)
                 )
                 assert isinstance(found, list)
                 engines_of[index] = joined(engines_of[index], found)
         if http:
-            for index, start, upstream_first in starts:
+            for index, start, upstream_first in schedule:
                 servers_of[index] = joined(
                     servers_of[index],
                     _measure_servers(
